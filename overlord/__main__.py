@@ -1,0 +1,5 @@
+import sys
+
+from overlord.cli.main import main
+
+sys.exit(main())

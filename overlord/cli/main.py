@@ -1,0 +1,242 @@
+"""The command line: parse, make one call into overlord.ops, render, map errors to exit codes."""
+import argparse
+import os
+import sys
+
+from overlord import __version__, ops
+from overlord.cli import render as R
+from overlord.errors import OverlordError, UsageError
+
+TRACE_VALUES = ("strace", "ebpf")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _normalize_trace(argv):
+    """--trace takes an optional value, and only 'strace' or 'ebpf' are taken as it."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        if arg == "--trace":
+            if i + 1 < len(argv) and argv[i + 1] in TRACE_VALUES:
+                out.append(f"--trace={argv[i + 1]}")
+                i += 2
+                continue
+            out.append("--trace=strace")
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _split_command(argv):
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
+def build_parser():
+    p = Parser(prog="overlord", description="Transactional, attributed execution over a "
+               "directory: run, review the change, commit or roll back.")
+    p.add_argument("--version", action="version", version=f"overlord {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    r = sub.add_parser("run", help="run a command in a new transactional session",
+                       description="Run CMD over a writable copy of the target; nothing touches "
+                       "the real tree until commit. Prints 'session <sid>' after the command's "
+                       "own output and passes its exit status through (124 on timeout).")
+    r.add_argument("-t", "--target", metavar="DIR", help="the tree to work on (default: .)")
+    r.add_argument("--backend", choices=("kernel", "fuse"), help="force a backend")
+    r.add_argument("--timeout", type=float, metavar="S", help="kill the whole process tree after S seconds")
+    r.add_argument("--manifest", metavar="FILE", help="grants from a JSON file (flags override)")
+    r.add_argument("--merge-base", action="store_true", default=None,
+                   help="keep base copies of touched files so commit --merge can three-way merge")
+    r.add_argument("--jail", action="store_true", default=None, help="pivot_root jail (kernel backend)")
+    r.add_argument("--net", choices=("none", "host"), help="network grant")
+    r.add_argument("--trace", metavar="strace|ebpf", help="record syscalls (default recorder: strace)")
+    r.add_argument("--wait", action="store_true", help="queue behind a session executing on the target")
+    r.add_argument("--stack", action="store_true", help="open even though another session is pending here")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
+
+    s = sub.add_parser("shell", help="an interactive transactional shell",
+                       description="An interactive shell over a writable copy of the target, on a "
+                       "real pty. The whole shell is one savepoint. Driven from stdin when stdin "
+                       "is not a terminal. Prints the session and a summary on exit.")
+    s.add_argument("-t", "--target", metavar="DIR", help="the tree to work on (default: .)")
+    s.add_argument("--backend", choices=("kernel", "fuse"), help="force a backend")
+    s.add_argument("--stack", action="store_true", help="open even though another session is pending here")
+    s.add_argument("--wait", action="store_true", help="queue behind a session executing on the target")
+
+    ss = sub.add_parser("sessions", help="list sessions with state, target and cause")
+    ss.add_argument("--json", action="store_true", help="machine-readable output")
+
+    d = sub.add_parser("diff", help="what a session changed: added / modified / deleted / replaced-dir")
+    d.add_argument("sid")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+
+    lg = sub.add_parser("log", help="per-change sha256 before -> after, layer and cause")
+    lg.add_argument("sid")
+    lg.add_argument("--json", action="store_true", help="machine-readable output")
+
+    c = sub.add_parser("commit", help="verify no external drift, replay onto the real tree")
+    c.add_argument("sid")
+    c.add_argument("--force", action="store_true", help="commit despite ordinary drift")
+    c.add_argument("--merge", action="store_true", help="three-way merge non-overlapping drift "
+                   "(needs a session run with --merge-base)")
+
+    rb = sub.add_parser("rollback", help="discard a session; the target stays byte-identical")
+    rb.add_argument("sid")
+
+    dr = sub.add_parser("doctor", help="which backends can run here, and why not")
+    dr.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return dispatch(argv)
+    except OverlordError as exc:
+        print(f"overlord: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("overlord: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+    except OSError as exc:
+        if os.environ.get("OVERLORD_DEBUG"):
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"overlord: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+
+
+def dispatch(argv):
+    head, cmd = _split_command(_normalize_trace(argv))
+    args = build_parser().parse_args(head)
+    if args.command is None:
+        build_parser().print_help()
+        return 2
+    if args.command == "run":
+        if cmd is None:
+            cmd = [a for a in (args.cmd or []) if a != "--"]
+        elif args.cmd:
+            raise UsageError(f"unexpected arguments before --: {' '.join(args.cmd)}")
+        return cmd_run(args, cmd)
+    if cmd is not None:
+        raise UsageError(f"'{args.command}' takes no command after --")
+    return COMMANDS[args.command](args)
+
+
+def _grants(args):
+    manifest = ops.load_manifest(args.manifest) if getattr(args, "manifest", None) else {}
+    flags = {"jail": getattr(args, "jail", None), "net": getattr(args, "net", None),
+             "timeout": getattr(args, "timeout", None), "merge_base": getattr(args, "merge_base", None)}
+    return ops.merge_grants(manifest, flags)
+
+
+def cmd_run(args, cmd):
+    if not cmd:
+        raise UsageError("missing command after --")
+    result = ops.run(cmd, target=args.target, backend=args.backend, grants=_grants(args),
+                     trace=args.trace, wait=args.wait, stack=args.stack)
+    _print_session_line(result)
+    return result.exit_code
+
+
+def _print_session_line(result):
+    sys.stdout.flush()
+    extra = " (timed out)" if result.timed_out else ""
+    print(f"session {result.sid}  {result.state}  {R.summarize(result.changes)}; "
+          f"exit {result.exit_code}{extra}", flush=True)
+
+
+def cmd_shell(args):
+    from overlord.cli.shell import run_shell
+    result = run_shell(args)
+    _print_session_line(result)
+    return result.exit_code
+
+
+def cmd_sessions(args):
+    metas = ops.sessions()
+    if args.json:
+        R.dump_json([{k: m.get(k) for k in ("sid", "state", "target", "backend", "command",
+                                            "created", "exit_code", "grants")} |
+                     {"layers": len(m.get("layers", []))} for m in metas])
+        return 0
+    rows = [(m["sid"], m.get("state", "?"), m.get("backend", "?"), R.escape_path(m.get("target", "")),
+             m.get("command", "")) for m in metas]
+    if rows:
+        print(R.table(rows))
+    return 0
+
+
+def cmd_diff(args):
+    changes = ops.diff(args.sid)
+    if args.json:
+        R.dump_json([{"path": ch.path, "kind": ch.kind, "layer": ch.layer} for ch in changes])
+        return 0
+    for ch in changes:
+        print(f"{ch.kind}  {R.escape_path(ch.path)}")
+    return 0
+
+
+def cmd_log(args):
+    records = ops.log(args.sid)
+    meta = ops.get_session(args.sid).meta
+    count = len(ops.syscalls(args.sid)) if meta.get("trace") else None
+    if args.json:
+        R.dump_json({"sid": args.sid, "syscalls": count, "changes": [
+            {"path": r.path, "kind": r.kind, "before": r.before, "after": r.after,
+             "layer": r.layer, "caused_by": r.caused_by} for r in records]})
+        return 0
+    for r in records:
+        print(f"{r.kind}  {R.escape_path(r.path)}  {R.short(r.before)} -> {R.short(r.after)}")
+    if count is not None:
+        print(f"syscalls: {count} recorded")
+    return 0
+
+
+def cmd_commit(args):
+    result = ops.commit(args.sid, force=args.force, merge=args.merge)
+    merged = f", {len(result.merged)} merged" if result.merged else ""
+    print(f"committed {args.sid}: {R.summarize(result.changes)}{merged}")
+    return 0
+
+
+def cmd_rollback(args):
+    ops.rollback(args.sid)
+    print(f"rolled back {args.sid}")
+    return 0
+
+
+def cmd_doctor(args):
+    report = ops.doctor()
+    if args.json:
+        R.dump_json({"backends": {n: {"available": ok, "reason": why} for n, (ok, why) in
+                                  report.backends.items()},
+                     "active": report.active, "tools": report.tools, "home": report.home,
+                     "in_jail": report.in_jail})
+        return 0
+    if report.in_jail:
+        print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
+    for name, (ok, why) in report.backends.items():
+        print(f"{name} backend ({why}): available" if ok else f"{name} backend: unavailable ({why})")
+    print(f"active backend: {report.active or 'none'}")
+    for tool, path in report.tools.items():
+        print(f"{tool}: {path or 'not found'}")
+    print(f"home: {report.home}")
+    return 0 if report.active else 1
+
+
+COMMANDS = {"shell": cmd_shell, "sessions": cmd_sessions, "diff": cmd_diff, "log": cmd_log,
+            "commit": cmd_commit, "rollback": cmd_rollback, "doctor": cmd_doctor}

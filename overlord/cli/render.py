@@ -1,0 +1,67 @@
+"""Turning results into text a person reads, or JSON a script reads."""
+import json
+import sys
+import time
+
+
+def escape_path(path):
+    """Printable form of a path: invalid bytes as \\xNN, control characters escaped."""
+    out = []
+    for ch in path:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:          # an undecodable byte (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif not ch.isprintable():
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def short(digest):
+    return digest[:12] if digest else "-"
+
+
+def dump_json(data):
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def summarize(changes):
+    """'3 changes (1 added, 2 modified)' or 'no changes'."""
+    if not changes:
+        return "no changes"
+    counts = {}
+    for ch in changes:
+        counts[ch.kind] = counts.get(ch.kind, 0) + 1
+    parts = ", ".join(f"{n} {k}" for k, n in counts.items())
+    return f"{len(changes)} change{'s' if len(changes) != 1 else ''} ({parts})"
+
+
+def cause_text(cause):
+    if not cause:
+        return ""
+    if cause.get("kind") == "command":
+        return cause.get("command", "")
+    return cause.get("summary") or json.dumps(cause, sort_keys=True)
+
+
+def when(ts):
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def table(rows):
+    """Left-aligned columns separated by two spaces; the last column is never padded."""
+    if not rows:
+        return ""
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = []
+    for r in rows:
+        cells = [str(c).ljust(w) for c, w in zip(r, widths)] + [str(r[-1])]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,353 @@
+"""The service layer: every operation a face (CLI, web, daemon) offers, implemented once.
+
+Faces parse and render; they call these functions and nothing below them. Results are data
+(dataclasses and dicts); errors are OverlordError subclasses carrying their exit code.
+"""
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import time
+
+from overlord.errors import LaunchError, NotFound, OverlordError, UsageError
+from overlord.sandbox import backends, executor
+from overlord.sandbox.trace import Recorder
+from overlord.txn import changes as C
+from overlord.txn import commit as K
+from overlord.txn import locks, store
+from overlord.txn.session import Session, open_stamp_ns, remove_tree
+
+GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool}
+NET_VALUES = ("host", "none")
+
+
+# -- grants -----------------------------------------------------------------------------------
+
+def load_manifest(path):
+    """Grants from a JSON manifest; unknown keys and broken JSON are refused."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"manifest not found: {path}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"manifest {path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"manifest {path} must be a JSON object")
+    unknown = sorted(set(data) - set(GRANT_KEYS))
+    if unknown:
+        raise UsageError(f"manifest {path}: unknown key(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(GRANT_KEYS)})")
+    return validate_grants(data, f"manifest {path}")
+
+
+def validate_grants(grants, where="grants"):
+    out = {}
+    for key, value in grants.items():
+        if value is None:
+            continue
+        kind = GRANT_KEYS[key]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise UsageError(f"{where}: {key} has the wrong type ({type(value).__name__})")
+        if key == "net" and value not in NET_VALUES:
+            raise UsageError(f"{where}: net must be one of {', '.join(NET_VALUES)}")
+        if key == "timeout" and value <= 0:
+            raise UsageError(f"{where}: timeout must be a positive number of seconds")
+        out[key] = value
+    return out
+
+
+def merge_grants(manifest, flags):
+    """Flags override the manifest."""
+    grants = dict(manifest or {})
+    grants.update({k: v for k, v in validate_grants(flags, "flags").items()})
+    return grants
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+def resolve_target(target):
+    if target is None:
+        target = os.getcwd()
+    if not os.path.exists(target):
+        raise UsageError(f"target does not exist: {target}")
+    real = os.path.realpath(target)
+    if not os.path.isdir(real):
+        raise UsageError(f"target is not a directory: {target}")
+    if real == "/":
+        raise UsageError("the filesystem root cannot be a target")
+    home = os.path.realpath(store.home())
+    if _inside(home, real) or _inside(real, home):
+        raise UsageError(f"target {real} and OVERLORD_HOME {home} overlap; choose a target "
+                         "that neither contains nor lies inside OVERLORD_HOME")
+    return real
+
+
+def _inside(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _check_backend_grants(backend, grants):
+    for key in ("jail",):
+        if grants.get(key):
+            raise OverlordError(f"--jail is not available on the {backend.NAME} backend yet: "
+                                "refusing rather than running unjailed")
+    if grants.get("net") == "none":
+        raise OverlordError(f"--net none is not available on the {backend.NAME} backend yet: "
+                            "refusing rather than running with the network")
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RunResult:
+    sid: str
+    exit_code: int
+    timed_out: bool
+    state: str
+    changes: list
+    syscalls: int = None
+
+
+def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, stack=False,
+        pty_slave=None, cause=None, on_forked=None):
+    """Open a session on target, run one command in it, leave it pending. Returns RunResult."""
+    if not argv:
+        raise UsageError("missing command after --")
+    grants = grants or {}
+    target = resolve_target(target)
+    mod = backends.choose(backend)
+    _check_backend_grants(mod, grants)
+    if trace not in (None, "strace", "ebpf"):
+        raise UsageError(f"--trace takes strace or ebpf, not {trace!r}")
+    if trace == "ebpf":
+        raise OverlordError("--trace ebpf is not available yet; use --trace strace")
+    if trace and not shutil.which("strace"):
+        raise OverlordError("--trace needs strace; install it (apt-get install strace)")
+    store.ensure_home()
+    with locks.TargetLock(target, wait=wait):
+        others = locks.pending_on(target)
+        if others and not stack:
+            raise OverlordError(f"session {others[0]['sid']} is still {others[0]['state']} on "
+                                f"{target}: commit or roll it back first (--stack overrides)")
+        session = _create_session(target, mod, grants, argv, trace)
+        try:
+            outcome, count = _execute(session, mod, argv, cause or command_cause(argv),
+                                      grants.get("timeout"), trace, pty_slave, on_forked)
+        except LaunchError:
+            remove_tree(session.dir)      # a launch that failed leaves no half-made session
+            raise
+    session.meta.update(state="timed-out" if outcome.timed_out else "pending",
+                        exit_code=outcome.exit_code, finished=time.time())
+    session.save()
+    return RunResult(session.sid, outcome.exit_code, outcome.timed_out, session.meta["state"],
+                     session.plan(), count)
+
+
+def command_cause(argv):
+    return {"kind": "command", "command": shlex.join(argv)}
+
+
+def _create_session(target, mod, grants, argv, trace):
+    while True:
+        sid = store.new_sid()
+        try:
+            os.mkdir(store.session_dir(sid), 0o700)
+            break
+        except FileExistsError:
+            continue
+    meta = {"sid": sid, "target": target, "backend": mod.NAME, "state": "running",
+            "created": time.time(), "open_stamp_ns": open_stamp_ns(), "grants": grants,
+            "merge_base": bool(grants.get("merge_base")), "trace": trace,
+            "command": shlex.join(argv), "layers": [], "uid": os.getuid()}
+    session = Session(meta)
+    session.save()
+    return session
+
+
+def _execute(session, mod, argv, cause, timeout, trace, pty_slave, on_forked=None):
+    """Run one command over the session's stack and seal what it wrote as a new layer."""
+    upper, work = session.prepare_upper()
+    recorder = Recorder(session.path("syscalls.jsonl")) if trace else None
+    spec = executor.Launch(
+        target=session.target, lowers=list(reversed(session.layer_dirs())) + [session.target],
+        upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
+        env=executor.sandbox_env(), timeout=timeout, pty_slave=pty_slave,
+        trace_fd=recorder.write_fd if recorder else None,
+        mount_point=session.path("merged"),
+        on_forked=_hooks(recorder.start if recorder else None, on_forked))
+    try:
+        outcome = mod.launch(spec)
+    except BaseException:
+        if recorder:
+            recorder.finish()
+        remove_tree(upper)
+        remove_tree(work)
+        raise
+    count = recorder.finish() if recorder else None
+    if count is not None:
+        cause = dict(cause, syscalls=count)
+    session.seal(cause)
+    if os.path.isdir(session.path("merged")):
+        os.rmdir(session.path("merged"))
+    return outcome, count
+
+
+def _hooks(*hooks):
+    hooks = [h for h in hooks if h]
+    return (lambda: [h() for h in hooks]) if hooks else None
+
+
+def _command_cwd(target):
+    """The command starts where the caller is if that is inside the target, else at its root."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except FileNotFoundError:
+        return target
+    return cwd if _inside(cwd, target) else target
+
+
+# -- review ---------------------------------------------------------------------------------------
+
+def get_session(sid):
+    return Session.load(store.check_sid(sid))
+
+
+def diff(sid):
+    """[Change] of a session against the real tree (the plan commit would execute)."""
+    session = get_session(sid)
+    _require_layers(session)
+    return session.plan()
+
+
+def _require_layers(session):
+    if session.meta["state"] in ("committed", "rolled-back"):
+        raise OverlordError(f"session {session.sid} is {session.meta['state']}; its changes "
+                            "are no longer staged")
+
+
+@dataclasses.dataclass
+class LogRecord:
+    path: str
+    kind: str
+    before: str
+    after: str
+    layer: int
+    caused_by: dict
+    syscalls: int = None
+
+
+def log(sid):
+    """Per change: sha256 before (real tree) -> after (session), the layer and its cause."""
+    session = get_session(sid)
+    if session.meta["state"] in ("committed", "rolled-back"):
+        return [LogRecord(r["path"], r["kind"], r.get("before"), r.get("after"), r.get("layer"),
+                          r.get("caused_by")) for r in _net_provenance(session)]
+    out = []
+    layers_meta = session.meta["layers"]
+    for ch in session.plan():
+        before = C.content_hash(C.real_path(session.target, ch.path), ch.real) if ch.real else None
+        after = C.content_hash(ch.entry.src, ch.entry.st) if ch.entry.src else None
+        cause = layers_meta[ch.layer]["cause"] if ch.layer is not None else None
+        out.append(LogRecord(ch.path, ch.kind, before, after, ch.layer, cause))
+    return out
+
+
+def _net_provenance(session):
+    """After commit or rollback: the last provenance record per path."""
+    last = {}
+    for rec in store.read_jsonl(session.path("provenance.jsonl")):
+        last[rec["path"]] = rec
+    return [last[p] for p in sorted(last, key=lambda p: p.split("/"))]
+
+
+def syscalls(sid):
+    return store.read_jsonl(get_session(sid).path("syscalls.jsonl"))
+
+
+# -- decide ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class CommitResult:
+    sid: str
+    changes: list
+    merged: list
+
+
+def commit(sid, force=False, merge=False):
+    session = get_session(sid)
+    state = session.meta["state"]
+    if state not in store.OPEN_STATES:
+        raise OverlordError(f"cannot commit session {sid}: it is {state}")
+    if merge and not session.meta.get("merge_base"):
+        raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
+    if merge and not shutil.which("git"):
+        raise OverlordError("commit --merge needs git (git merge-file); install git")
+    with locks.TargetLock(session.target):
+        view = session.view()
+        plan = C.plan(view, session.target)
+        drifts = K.check_drift(session, view, plan)
+        merged = {}
+        if drifts and merge:
+            hard = [d for d in drifts if not d.forceable]
+            K.refuse_if_drift(hard, force=False)
+            merged = K.three_way(session, drifts, view)
+            drifts = []
+        K.refuse_if_drift(drifts, force)
+        K.replay(session.target, view, merged)
+        session.meta.update(state="committed", committed=time.time(), forced=bool(force and drifts),
+                            merged=sorted(merged))
+        session.save()
+    _drop_working_files(session)
+    return CommitResult(sid, plan, sorted(merged))
+
+
+def rollback(sid):
+    session = get_session(sid)
+    state = session.meta["state"]
+    if state not in store.OPEN_STATES:
+        raise OverlordError(f"cannot roll back session {sid}: it is {state}")
+    session.meta.update(state="rolled-back", rolled_back=time.time())
+    session.save()
+    _drop_working_files(session)
+    return session.meta
+
+
+def _drop_working_files(session):
+    """Keep the small record (meta, provenance, syscalls); drop layers and scratch dirs."""
+    for name in ("layers", "upper", "work", "merged", "base"):
+        remove_tree(session.path(name))
+
+
+# -- listing and diagnostics ----------------------------------------------------------------------
+
+def sessions():
+    return store.list_metas()
+
+
+@dataclasses.dataclass
+class DoctorReport:
+    backends: dict            # name -> (available, reason)
+    active: str
+    tools: dict               # name -> path or None
+    home: str
+    in_jail: bool
+
+
+def doctor():
+    probes = backends.probe_all()
+    forced = os.environ.get("OVERLORD_TEST_BACKEND")
+    active = None
+    if forced in probes and probes[forced][0]:
+        active = forced
+    else:
+        active = next((n for n, (ok, _) in probes.items() if ok), None)
+    tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "git")}
+    return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1")
+
+
+__all__ = ["run", "diff", "log", "commit", "rollback", "sessions", "doctor", "load_manifest",
+           "merge_grants", "NotFound", "LaunchError"]

@@ -1,0 +1,266 @@
+"""What both backends share: the launch description, the exec'd child, the reaper, teardown.
+
+The per-command path starts no interpreter: the CLI (or a server's helper) forks, the child
+sets up namespaces and mounts, and a grandchild execs the command. Setup errors travel back
+to the parent over a close-on-exec pipe, so a failed exec or mount is reported, not guessed.
+"""
+import dataclasses
+import fcntl
+import os
+import signal
+import time
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                     signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGCONT)
+
+# What a sandboxed command may inherit from the operator's environment; nothing else
+# (no provider key, no token, no OVERLORD_HOME) crosses.
+ENV_ALLOW = {"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL",
+             "COLUMNS", "LINES", "COLORTERM", "NO_COLOR", "EDITOR", "VISUAL", "PAGER"}
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def sandbox_env(environ=None):
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items() if k in ENV_ALLOW or k.startswith("LC_")}
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
+
+
+@dataclasses.dataclass
+class Launch:
+    """One command to run over a layer stack (lowers are top-most first, the target last)."""
+
+    target: str
+    lowers: list
+    upper: str
+    work: str
+    argv: list
+    cwd: str
+    env: dict
+    timeout: float = None
+    pty_slave: int = None           # an fd to make the controlling terminal (shell)
+    trace_fd: int = None            # write end of the strace output pipe
+    mount_point: str = None         # where the merged view appears (fuse); the target (kernel)
+    on_forked: object = None        # parent-side hook right after the first fork (trace reader)
+
+
+@dataclasses.dataclass
+class Outcome:
+    exit_code: int
+    timed_out: bool = False
+
+
+def report_and_exit(errfd, exc, code=126):
+    """In a forked child: send one line describing the failure, then leave without cleanup."""
+    try:
+        msg = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, OSError) and exc.filename:
+            msg = f"{msg} ({os.fsdecode(exc.filename)})" if isinstance(exc.filename, (str, bytes)) else msg
+        os.write(errfd, msg.encode("utf-8", "replace")[:4000])
+    finally:
+        os._exit(code)
+
+
+TRACE_FD = 3
+TRACE_SYSCALLS = ("execve,execveat,open,openat,openat2,creat,unlink,unlinkat,rename,renameat,"
+                  "renameat2,mkdir,mkdirat,rmdir,link,linkat,symlink,symlinkat,chmod,fchmod,"
+                  "fchmodat,truncate,ftruncate,connect,mknod,mknodat")
+
+
+def command_argv(launch):
+    """The argv actually exec'd: the command, or strace wrapping it.
+
+    Under strace the first traced exec is a tiny shell that closes the trace pipe before the
+    real command starts, so the command cannot forge or read its own flight record.
+    """
+    if launch.trace_fd is None:
+        return list(launch.argv)
+    return ["strace", "-f", "-qq", "-ttt", "-s", "256", "-e", "trace=" + TRACE_SYSCALLS,
+            "-o", f"/dev/fd/{TRACE_FD}", "--", "/bin/sh", "-c",
+            f'exec {TRACE_FD}>&-; exec "$@"', "overlord-trace"] + list(launch.argv)
+
+
+def exec_command(launch, cwd, errfd):
+    """In the forked grandchild: become the command. Never returns."""
+    try:
+        for sig in FORWARDED_SIGNALS + (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTTOU, signal.SIGTTIN):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.setsid()
+        if launch.pty_slave is not None:
+            import termios
+            fcntl.ioctl(launch.pty_slave, termios.TIOCSCTTY, 0)
+            for fd in (0, 1, 2):
+                os.dup2(launch.pty_slave, fd)
+        keep = {0, 1, 2, errfd}
+        if launch.trace_fd is not None:
+            # strace writes to fd 3; the wrapper shell closes it before the command runs
+            if errfd == TRACE_FD:
+                errfd = fcntl.fcntl(errfd, fcntl.F_DUPFD_CLOEXEC, 10)
+                keep = {0, 1, 2, errfd}
+            if launch.trace_fd != TRACE_FD:
+                os.dup2(launch.trace_fd, TRACE_FD)
+            os.set_inheritable(TRACE_FD, True)
+            keep.add(TRACE_FD)
+        for fd in _open_fds():
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.chdir(cwd)
+        argv = command_argv(launch)
+        os.execvpe(argv[0], argv, launch.env)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        if isinstance(exc, FileNotFoundError):
+            exc = OSError(exc.errno, f"command not found: {launch.argv[0]}")
+        elif isinstance(exc, PermissionError) and not exc.filename:
+            exc = OSError(exc.errno, f"cannot execute {launch.argv[0]}: permission denied")
+        report_and_exit(errfd, exc, 127)
+
+
+def _open_fds():
+    try:
+        return [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
+def status_code(status):
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def reap_until(main_pid):
+    """Act as init for a command: forward signals to it, reap every orphan, return its code."""
+    def forward(sig, _frame):
+        try:
+            os.killpg(main_pid, sig)
+        except OSError:
+            pass
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 127
+        if pid == main_pid:
+            return status_code(status)
+
+
+def descendants(root):
+    """Every live process whose ancestry leads to root (read from /proc)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(root, include_root=False):
+    """SIGKILL every descendant of root until none is left (orphans are reparented to root)."""
+    for _ in range(100):
+        pids = descendants(root)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.005)
+    if include_root:
+        try:
+            os.kill(root, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def read_all(fd):
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except InterruptedError:
+            continue
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def wait_child(pid, timeout, on_timeout):
+    """Wait for a child; past the timeout call on_timeout() once and keep waiting."""
+    timed_out = False
+    if timeout:
+        import select
+        pidfd = os.pidfd_open(pid)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    on_timeout()
+                    break
+                try:
+                    ready, _, _ = select.select([pidfd], [], [], left)
+                except InterruptedError:
+                    continue
+                if ready:
+                    break
+        finally:
+            os.close(pidfd)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            return status_code(status), timed_out
+        except InterruptedError:
+            continue
+
+
+def make_removable(path):
+    """Overlay leaves a mode-000 dir in its work dir: open it up so it can be deleted."""
+    for root, subdirs, _ in os.walk(path):
+        for d in subdirs:
+            try:
+                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+def supervise(pid, error, timeout, kill_all, signal_target):
+    """Parent side of a launch: raise a setup error, else wait (forwarding signals)."""
+    from overlord.errors import LaunchError
+    if error:
+        kill_all()
+        os.waitpid(pid, 0)
+        raise LaunchError(error)
+
+    def forward(sig, _frame):
+        try:
+            os.kill(signal_target(), sig)
+        except OSError:
+            pass
+    saved = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code, timed_out = wait_child(pid, timeout, kill_all)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return Outcome(124 if timed_out else code, timed_out)

@@ -1,0 +1,201 @@
+"""The kernel backend: user + mount + PID namespaces and overlayfs over the target's own path.
+
+Process shape for one command:
+
+    caller ──fork──▶ setup (unshare user/mnt/pid; caller writes its id maps; mounts)
+                       └─fork──▶ init (PID 1: reaps, forwards signals; dies → namespace dies)
+                                   └─fork──▶ command (own session; exec)
+
+The overlay is mounted over the target path inside the private mount namespace, so even
+absolute-path writes into the target land in the session's upper layer.
+"""
+import os
+import signal
+import tempfile
+
+from overlord.errors import LaunchError
+from overlord.linux import libc
+from overlord.sandbox import executor
+
+NAME = "kernel"
+
+
+def overlay_options(launch):
+    return [("upperdir", launch.upper), ("workdir", launch.work)]
+
+
+def mount_overlay(launch, target):
+    """Mount the stack over target: the new mount API where the kernel has lowerdir+."""
+    lowers = list(launch.lowers)
+    try:
+        fsfd = libc.fsopen("overlay")
+    except OSError:
+        fsfd = None
+    if fsfd is not None:
+        try:
+            try:
+                for layer in lowers:
+                    libc.fsconfig(fsfd, libc.FSCONFIG_SET_STRING, "lowerdir+", layer)
+                new_api = True
+            except OSError:
+                new_api = False      # kernel < 6.8: no lowerdir+; use mount(2) below
+            if new_api:
+                for key, value in overlay_options(launch):
+                    libc.fsconfig(fsfd, libc.FSCONFIG_SET_STRING, key, value)
+                libc.fsconfig(fsfd, libc.FSCONFIG_SET_FLAG, "userxattr")
+                libc.fsconfig(fsfd, libc.FSCONFIG_SET_STRING, "redirect_dir", "nofollow")
+                libc.fsconfig(fsfd, libc.FSCONFIG_CMD_CREATE)
+                mfd = libc.fsmount(fsfd)
+                try:
+                    libc.move_mount_fd(mfd, target)
+                finally:
+                    os.close(mfd)
+                return
+        finally:
+            os.close(fsfd)
+    # mount(2): the data page is 4 KiB, so name layers relative to the session directory.
+    base = os.path.dirname(launch.upper)
+    os.chdir(base)
+    rel = [os.path.relpath(p, base) if p.startswith(base + os.sep) else p for p in lowers]
+    data = ",".join([f"lowerdir={':'.join(rel)}", f"upperdir={os.path.relpath(launch.upper, base)}",
+                     f"workdir={os.path.relpath(launch.work, base)}", "userxattr", "redirect_dir=nofollow"])
+    libc.mount("overlay", target, "overlay", 0, data)
+
+
+def _write_id_maps(pid):
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        maps = {"uid_map": "0 0 4294967295\n", "gid_map": "0 0 4294967295\n"}
+    else:
+        with open(f"/proc/{pid}/setgroups", "w") as f:
+            f.write("deny")
+        maps = {"uid_map": f"{uid} {uid} 1\n", "gid_map": f"{gid} {gid} 1\n"}
+    for name, text in maps.items():
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(text)
+
+
+def _setup_child(launch, errw, to_parent, from_parent):
+    """Runs in the forked setup process. Never returns."""
+    try:
+        os.setpgid(0, 0)
+        libc.unshare(libc.CLONE_NEWUSER | libc.CLONE_NEWNS | libc.CLONE_NEWPID)
+        os.write(to_parent, b"u")
+        if os.read(from_parent, 1) != b"g":
+            os._exit(125)
+        os.close(from_parent)
+        # Private propagation first, so nothing we mount leaks back to the host.
+        libc.mount(None, "/", None, libc.MS_REC | libc.MS_PRIVATE)
+        mount_overlay(launch, launch.target)
+        init_pid = os.fork()
+        if init_pid == 0:
+            _init_process(launch, errw)
+        os.write(to_parent, f"{init_pid}\n".encode())
+        os.close(to_parent)
+        os.close(errw)
+        _, status = os.waitpid(init_pid, 0)
+        os._exit(executor.status_code(status))
+    except BaseException as exc:  # noqa: BLE001
+        executor.report_and_exit(errw, exc)
+
+
+def _init_process(launch, errw):
+    """PID 1 of the command's namespace. Never returns."""
+    try:
+        libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+        pid = os.fork()
+        if pid == 0:
+            executor.exec_command(launch, launch.cwd, errw)
+        os.close(errw)
+        for fd in (0, 1, 2):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        os._exit(executor.reap_until(pid))
+    except BaseException as exc:  # noqa: BLE001
+        executor.report_and_exit(errw, exc)
+
+
+def launch(spec):
+    """Run one command over the layer stack; return an Outcome or raise LaunchError."""
+    errr, errw = os.pipe2(os.O_CLOEXEC)
+    up_r, up_w = os.pipe2(os.O_CLOEXEC)
+    down_r, down_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        os.close(errr)
+        os.close(up_r)
+        os.close(down_w)
+        _setup_child(spec, errw, up_w, down_r)
+    os.close(errw)
+    os.close(up_w)
+    os.close(down_r)
+    if spec.on_forked:
+        spec.on_forked()
+    init_pid = None
+    try:
+        if os.read(up_r, 1) == b"u":
+            try:
+                _write_id_maps(pid)
+                os.write(down_w, b"g")
+            except OSError as exc:
+                os.kill(pid, signal.SIGKILL)
+                raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
+        os.close(down_w)
+        down_w = None
+        line = executor.read_all(up_r)
+        up_r = None
+        if line.strip().isdigit():
+            init_pid = int(line)
+        error = executor.read_all(errr)
+        errr = None
+    finally:
+        for fd in (up_r, down_w, errr):
+            if fd is not None:
+                os.close(fd)
+    return _finish(pid, init_pid, error, spec)
+
+
+def _finish(pid, init_pid, error, spec):
+    target = lambda: init_pid or pid  # noqa: E731 - PID 1 of the namespace once it exists
+    outcome = executor.supervise(pid, error, spec.timeout, lambda: os.kill(target(), signal.SIGKILL),
+                                 target)
+    if init_pid is None and not outcome.timed_out:
+        raise LaunchError("the sandbox setup process died before the command started")
+    return outcome
+
+
+def probe():
+    """(available, reason): really run `true` over an overlay in throwaway namespaces."""
+    if not hasattr(os, "pidfd_open"):
+        return False, "Python without os.pidfd_open"
+    with tempfile.TemporaryDirectory(prefix="overlord-probe-") as tmp:
+        dirs = {n: os.path.join(tmp, n) for n in ("lower", "upper", "work")}
+        for d in dirs.values():
+            os.mkdir(d)
+        spec = executor.Launch(target=dirs["lower"], lowers=[dirs["lower"]], upper=dirs["upper"],
+                               work=dirs["work"], argv=["true"], cwd="/",
+                               env={"PATH": executor.DEFAULT_PATH})
+        try:
+            outcome = launch(spec)
+            error = None if outcome.exit_code == 0 else f"probe exited {outcome.exit_code}"
+        except (LaunchError, OSError) as exc:
+            error = str(exc)
+        finally:
+            executor.make_removable(dirs["work"])
+    if error:
+        if "unshare" in error or "map ids" in error:
+            return False, f"unprivileged user namespaces are not allowed here ({error})"
+        return False, f"overlayfs cannot be mounted in a user namespace ({error})"
+    api = "new mount API" if has_new_mount_api() else "mount(2)"
+    return True, f"user+mount+pid namespaces, overlay over the target, {api}"
+
+
+def has_new_mount_api():
+    """lowerdir+ for fsconfig arrived in Linux 6.8."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (6, 8)

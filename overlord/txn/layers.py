@@ -1,0 +1,119 @@
+"""Reading sealed overlay layers and stacking them into one view of the session's changes.
+
+A layer is an overlay upper directory. Two dialects exist:
+  kernel  whiteout = char device 0/0; opaque dir = xattr user.overlay.opaque "y".
+          A file the command names `.wh.x` is an ordinary file.
+  fuse    whiteout = char device 0/0 or a `.wh.NAME` file; opaque dir = xattr
+          user.fuseoverlayfs.opaque / trusted.overlay.opaque or a `.wh..wh..opq` marker.
+          Marker files never become entries, so they can never reach the tree.
+Paths are relative to the target root, '/'-separated, decoded with surrogateescape.
+"""
+import dataclasses
+import os
+import stat
+
+FUSE_MARKERS = (".wh..wh..opq", ".wh..opq")
+KERNEL_OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
+FUSE_OPAQUE = ("user.fuseoverlayfs.opaque", "trusted.overlay.opaque", "user.overlay.opaque")
+
+
+@dataclasses.dataclass
+class Entry:
+    path: str            # relative path in the tree
+    kind: str            # whiteout | dir | file | symlink | other | invalid
+    src: str = None      # absolute path inside the layer (None for whiteouts)
+    st: os.stat_result = None
+    opaque: bool = False
+    layer: int = None
+
+
+def _xattr_opaque(path, names):
+    for name in names:
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) in (b"y", b"Y", b"1"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _is_whiteout_dev(st):
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def read_layer(layer_dir, dialect, index=None):
+    """All entries of one layer: {path: Entry}. Cost grows with the layer, not the tree."""
+    entries = {}
+    root_st = os.lstat(layer_dir)
+    opaque_names = KERNEL_OPAQUE if dialect == "kernel" else FUSE_OPAQUE
+    if _xattr_opaque(layer_dir, opaque_names):
+        # an opaque root would mean "the whole tree is gone": never replayable
+        entries[""] = Entry("", "invalid", layer=index)
+    todo = [("", layer_dir, root_st)]
+    while todo:
+        rel, absdir, _ = todo.pop()
+        try:
+            names = os.listdir(absdir)
+        except OSError:
+            continue
+        is_opaque_marked = dialect == "fuse" and any(m in names for m in FUSE_MARKERS)
+        if is_opaque_marked and rel:
+            entries[rel].opaque = True
+        elif is_opaque_marked:
+            entries[""] = Entry("", "invalid", layer=index)
+        for name in names:
+            src = os.path.join(absdir, name)
+            path = f"{rel}/{name}" if rel else name
+            st = os.lstat(src)
+            if dialect == "fuse" and name in FUSE_MARKERS:
+                continue
+            if dialect == "fuse" and name.startswith(".wh."):
+                hidden = name[4:]
+                if hidden in ("", ".", "..") or "/" in hidden:
+                    entries[path] = Entry(path, "invalid", src, st, layer=index)
+                else:
+                    wpath = f"{rel}/{hidden}" if rel else hidden
+                    entries[wpath] = Entry(wpath, "whiteout", layer=index)
+                continue
+            if _is_whiteout_dev(st):
+                entries[path] = Entry(path, "whiteout", layer=index)
+            elif stat.S_ISDIR(st.st_mode):
+                entries[path] = Entry(path, "dir", src, st, _xattr_opaque(src, opaque_names), index)
+                todo.append((path, src, st))
+            elif stat.S_ISREG(st.st_mode):
+                entries[path] = Entry(path, "file", src, st, layer=index)
+            elif stat.S_ISLNK(st.st_mode):
+                entries[path] = Entry(path, "symlink", src, st, layer=index)
+            else:
+                entries[path] = Entry(path, "other", src, st, layer=index)
+    return entries
+
+
+def parents(path):
+    """'a/b/c' -> ['a', 'a/b']"""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def hides_below(entry):
+    """Does this entry hide everything under its path in the layers below it?"""
+    return entry.kind in ("whiteout", "file", "symlink", "other", "invalid") or (
+        entry.kind == "dir" and entry.opaque)
+
+
+def stack(layers):
+    """Merge layers (a list, bottom first, of {path: Entry}) into the top-most view.
+
+    Returns {path: Entry} where each path is decided by the highest layer naming it, and
+    entries hidden by a whiteout, an opaque dir or a non-dir above them are dropped.
+    """
+    view, hidden = {}, set()
+    for entries in reversed(layers):
+        for path, entry in entries.items():
+            if path in view or any(p in hidden for p in parents(path)) or (path and path in hidden):
+                continue
+            view[path] = entry
+        for path, entry in entries.items():
+            if path in view and view[path] is entry and hides_below(entry):
+                hidden.add(path)
+    return view

@@ -1,0 +1,120 @@
+"""OVERLORD_HOME and the session record: the one reader/writer of meta.json.
+
+Layout of a session directory (OVERLORD_HOME/sessions/<sid>/):
+    meta.json          the record (state, target, grants, layers and their causes)
+    layers/NNNN/       sealed overlay layers, bottom (0000) to top
+    upper/ work/       the layer being written while a command runs
+    base.json          fingerprints of every touched path as the real tree had it
+    provenance.jsonl   one line per change a layer made, with its cause
+"""
+import json
+import os
+import re
+import secrets
+import time
+
+from overlord.errors import NotFound, UsageError
+
+SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+STATES = ("running", "pending", "timed-out", "committed", "rolled-back")
+OPEN_STATES = ("pending", "timed-out")   # reviewable: may be diffed, committed, rolled back
+
+
+def home():
+    if os.environ.get("OVERLORD_HOME"):
+        return os.path.abspath(os.environ["OVERLORD_HOME"])
+    if os.environ.get("OVERLORD_JAIL") == "1":
+        return "/tmp/.overlord"   # inside a jail, state lives on the jail's private /tmp
+    return os.path.join(os.path.expanduser("~"), ".overlord")
+
+
+def sessions_dir():
+    return os.path.join(home(), "sessions")
+
+
+def ensure_home():
+    root = home()
+    for sub in ("", "sessions", "locks"):
+        os.makedirs(os.path.join(root, sub), mode=0o700, exist_ok=True)
+    return root
+
+
+def new_sid():
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def check_sid(sid):
+    """Refuse anything but a well-formed id before it is joined to any path."""
+    if not isinstance(sid, str) or not SID_RE.match(sid):
+        raise UsageError(f"not a session id: {sid!r} (expected YYYYMMDD-HHMMSS-xxxxxx)")
+    return sid
+
+
+def session_dir(sid):
+    return os.path.join(sessions_dir(), check_sid(sid))
+
+
+def write_json_atomic(path, data, mode=0o600):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    os.rename(tmp, path)
+
+
+def append_jsonl(path, records):
+    """Append whole lines in one write, fsynced."""
+    if not records:
+        return
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def load_meta(sid):
+    path = os.path.join(session_dir(sid), "meta.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise NotFound(f"no such session: {sid}") from None
+    except ValueError:
+        raise NotFound(f"session {sid} has a damaged record ({path})") from None
+
+
+def save_meta(meta):
+    write_json_atomic(os.path.join(session_dir(meta["sid"]), "meta.json"), meta)
+
+
+def list_metas():
+    try:
+        names = sorted(os.listdir(sessions_dir()))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if SID_RE.match(name):
+            try:
+                out.append(load_meta(name))
+            except NotFound:
+                continue
+    return out
