@@ -147,6 +147,31 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
                      session.plan(), count)
 
 
+@dataclasses.dataclass
+class ExecResult:
+    sid: str
+    exit_code: int
+    timed_out: bool
+    layer: int        # the savepoint this command sealed, or None if it wrote nothing
+
+
+def exec_in(sid, argv, cause=None, timeout=None, wait=False):
+    """Run one more command inside a pending session: the per-tool-call path."""
+    if not argv:
+        raise UsageError("missing command after --")
+    session = get_session(sid)
+    if session.meta["state"] not in store.OPEN_STATES:
+        raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
+    mod = backends.get(session.dialect)
+    with locks.TargetLock(session.target, wait=wait):
+        before = len(session.meta["layers"])
+        outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout,
+                              session.meta.get("trace"), None)
+        session.save()
+    layer = before if len(session.meta["layers"]) > before else None
+    return ExecResult(sid, outcome.exit_code, outcome.timed_out, layer)
+
+
 def command_cause(argv):
     return {"kind": "command", "command": shlex.join(argv)}
 
@@ -289,7 +314,7 @@ def commit(sid, force=False, merge=False):
     with locks.TargetLock(session.target):
         view = session.view()
         plan = C.plan(view, session.target)
-        drifts = K.check_drift(session, view, plan)
+        drifts = K.check_drift(session, view)
         merged = {}
         if drifts and merge:
             hard = [d for d in drifts if not d.forceable]

@@ -117,6 +117,12 @@ def main(argv=None):
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"overlord: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
+    except Exception as exc:  # noqa: BLE001 - a bug still gets one line, not a traceback
+        if os.environ.get("OVERLORD_DEBUG"):
+            raise
+        print(f"overlord: internal error: {type(exc).__name__}: {exc} "
+              "(set OVERLORD_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
 
 
 def dispatch(argv):

@@ -52,7 +52,11 @@ _libc = None
 def libc():
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # find_library() may spawn ldconfig: never on the per-command path
+        try:
+            _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.syscall.restype = ctypes.c_long
     return _libc
 
@@ -84,6 +88,28 @@ def umount2(target, flags=0):
 def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):
     return _check(libc().prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3),
                                ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)), "prctl")
+
+
+SYS_clone = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
+SIGCHLD = 17
+_pylibc = None
+
+
+def clone_namespaces(flags):
+    """fork() into new namespaces in one step: returns 0 in the child, its pid in the parent.
+
+    Called through PyDLL so the GIL stays held across the syscall: no other thread can own it
+    in the child's copy. Only call from a process that has a single thread at that moment.
+    """
+    global _pylibc
+    if SYS_clone is None:
+        raise OSError(38, "clone: unsupported architecture " + platform.machine())
+    if _pylibc is None:
+        _pylibc = ctypes.PyDLL("libc.so.6", use_errno=True)
+        _pylibc.syscall.restype = ctypes.c_long
+    zero = ctypes.c_ulong(0)
+    return _check(_pylibc.syscall(ctypes.c_long(SYS_clone), ctypes.c_ulong(flags | SIGCHLD),
+                                  zero, zero, zero, zero), "clone")
 
 
 def _syscall(nr, *args):

@@ -5,8 +5,8 @@ sets up namespaces and mounts, and a grandchild execs the command. Setup errors 
 to the parent over a close-on-exec pipe, so a failed exec or mount is reported, not guessed.
 """
 import dataclasses
-import fcntl
 import os
+import shutil
 import signal
 import time
 
@@ -81,43 +81,39 @@ def command_argv(launch):
             f'exec {TRACE_FD}>&-; exec "$@"', "overlord-trace"] + list(launch.argv)
 
 
-def exec_command(launch, cwd, errfd):
-    """In the forked grandchild: become the command. Never returns."""
+def spawn_command(launch, cwd):
+    """Start the command (posix_spawn: no second copy of this interpreter) in its own
+    session, with only fds 0-2 (and the trace pipe as fd 3) open. Returns its pid."""
+    os.chdir(cwd)
+    trace = launch.trace_fd
+    for fd in _open_fds():
+        if fd > 2 and fd != trace:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass
+    actions = []
+    if launch.pty_slave is not None:
+        # a session leader opening a tty (without O_NOCTTY) makes it its controlling terminal
+        actions.append((os.POSIX_SPAWN_OPEN, 0, os.ttyname(launch.pty_slave), os.O_RDWR, 0))
+        actions += [(os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
+    if trace is not None:
+        if trace == TRACE_FD:
+            trace = os.dup(trace)      # dup2 onto itself would keep close-on-exec set
+        actions.append((os.POSIX_SPAWN_DUP2, trace, TRACE_FD))
+    argv = command_argv(launch)
+    exe = shutil.which(argv[0], path=launch.env.get("PATH", DEFAULT_PATH))
+    if exe is None:
+        raise OSError(2, f"command not found: {launch.argv[0]}")
     try:
-        for sig in FORWARDED_SIGNALS + (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTTOU, signal.SIGTTIN):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        os.setsid()
-        if launch.pty_slave is not None:
-            import termios
-            fcntl.ioctl(launch.pty_slave, termios.TIOCSCTTY, 0)
-            for fd in (0, 1, 2):
-                os.dup2(launch.pty_slave, fd)
-        keep = {0, 1, 2, errfd}
-        if launch.trace_fd is not None:
-            # strace writes to fd 3; the wrapper shell closes it before the command runs
-            if errfd == TRACE_FD:
-                errfd = fcntl.fcntl(errfd, fcntl.F_DUPFD_CLOEXEC, 10)
-                keep = {0, 1, 2, errfd}
-            if launch.trace_fd != TRACE_FD:
-                os.dup2(launch.trace_fd, TRACE_FD)
-            os.set_inheritable(TRACE_FD, True)
-            keep.add(TRACE_FD)
-        for fd in _open_fds():
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        os.chdir(cwd)
-        argv = command_argv(launch)
-        os.execvpe(argv[0], argv, launch.env)
-    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
-        if isinstance(exc, FileNotFoundError):
-            exc = OSError(exc.errno, f"command not found: {launch.argv[0]}")
-        elif isinstance(exc, PermissionError) and not exc.filename:
-            exc = OSError(exc.errno, f"cannot execute {launch.argv[0]}: permission denied")
-        report_and_exit(errfd, exc, 127)
+        return os.posix_spawn(exe, argv, launch.env, file_actions=actions, setsid=True,
+                              setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE, signal.SIGCHLD,
+                                                             signal.SIGTTOU, signal.SIGTTIN),
+                              setsigmask=[])
+    except PermissionError:
+        raise OSError(13, f"cannot execute {launch.argv[0]}: permission denied") from None
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot execute {launch.argv[0]}: {exc.strerror}") from None
 
 
 def _open_fds():

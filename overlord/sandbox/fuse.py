@@ -95,9 +95,7 @@ def _run(spec):
             os.setpgid(0, 0)
             # Orphans are re-parented to us, so the whole tree can be ended with the command.
             libc.prctl(libc.PR_SET_CHILD_SUBREAPER, 1)
-            child = os.fork()
-            if child == 0:
-                executor.exec_command(spec, _translate_cwd(spec), errw)
+            child = executor.spawn_command(spec, _translate_cwd(spec))
             os.close(errw)
             code = executor.reap_until(child)
             executor.kill_tree(os.getpid())

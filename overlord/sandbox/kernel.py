@@ -2,9 +2,10 @@
 
 Process shape for one command:
 
-    caller ──fork──▶ setup (unshare user/mnt/pid; caller writes its id maps; mounts)
-                       └─fork──▶ init (PID 1: reaps, forwards signals; dies → namespace dies)
-                                   └─fork──▶ command (own session; exec)
+    caller ──clone(NEWUSER|NEWNS|NEWPID)──▶ init, PID 1 (caller writes its id maps;
+                                            it mounts, reaps, forwards signals; when it dies
+                                            the namespace and every process in it die)
+                                              └─spawn─▶ command (own session)
 
 The overlay is mounted over the target path inside the private mount namespace, so even
 absolute-path writes into the target land in the session's upper layer.
@@ -75,95 +76,62 @@ def _write_id_maps(pid):
             f.write(text)
 
 
-def _setup_child(launch, errw, to_parent, from_parent):
-    """Runs in the forked setup process. Never returns."""
+NAMESPACES = libc.CLONE_NEWUSER | libc.CLONE_NEWNS | libc.CLONE_NEWPID
+
+
+def _init_process(launch, errw, from_parent):
+    """PID 1 of the command's namespaces: mount, start the command, reap. Never returns."""
     try:
-        os.setpgid(0, 0)
-        libc.unshare(libc.CLONE_NEWUSER | libc.CLONE_NEWNS | libc.CLONE_NEWPID)
-        os.write(to_parent, b"u")
-        if os.read(from_parent, 1) != b"g":
+        # die with the caller; as PID 1 our death takes every process in the namespace along
+        libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setpgid(0, 0)          # out of the caller's process group: the caller forwards ^C
+        if os.read(from_parent, 1) != b"g":     # wait for our uid/gid maps
             os._exit(125)
         os.close(from_parent)
-        # Private propagation first, so nothing we mount leaks back to the host.
+        # private propagation first, so nothing we mount leaks back to the host
         libc.mount(None, "/", None, libc.MS_REC | libc.MS_PRIVATE)
         mount_overlay(launch, launch.target)
-        init_pid = os.fork()
-        if init_pid == 0:
-            _init_process(launch, errw)
-        os.write(to_parent, f"{init_pid}\n".encode())
-        os.close(to_parent)
-        os.close(errw)
-        _, status = os.waitpid(init_pid, 0)
-        os._exit(executor.status_code(status))
-    except BaseException as exc:  # noqa: BLE001
-        executor.report_and_exit(errw, exc)
-
-
-def _init_process(launch, errw):
-    """PID 1 of the command's namespace. Never returns."""
-    try:
-        libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
-        pid = os.fork()
-        if pid == 0:
-            executor.exec_command(launch, launch.cwd, errw)
+        pid = executor.spawn_command(launch, launch.cwd)
         os.close(errw)
         for fd in (0, 1, 2):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            os.close(fd)
         os._exit(executor.reap_until(pid))
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
         executor.report_and_exit(errw, exc)
 
 
 def launch(spec):
     """Run one command over the layer stack; return an Outcome or raise LaunchError."""
+    libc.libc()       # load before cloning, so no child pays for it
     errr, errw = os.pipe2(os.O_CLOEXEC)
-    up_r, up_w = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
+    try:
+        pid = libc.clone_namespaces(NAMESPACES)
+    except OSError as exc:
+        for fd in (errr, errw, down_r, down_w):
+            os.close(fd)
+        raise LaunchError(f"cannot create namespaces: {exc.strerror}") from None
     if pid == 0:
         os.close(errr)
-        os.close(up_r)
         os.close(down_w)
-        _setup_child(spec, errw, up_w, down_r)
+        _init_process(spec, errw, down_r)
     os.close(errw)
-    os.close(up_w)
     os.close(down_r)
+    try:
+        _write_id_maps(pid)
+        os.write(down_w, b"g")
+    except OSError as exc:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(errr)
+        raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
+    finally:
+        os.close(down_w)
     if spec.on_forked:
         spec.on_forked()
-    init_pid = None
-    try:
-        if os.read(up_r, 1) == b"u":
-            try:
-                _write_id_maps(pid)
-                os.write(down_w, b"g")
-            except OSError as exc:
-                os.kill(pid, signal.SIGKILL)
-                raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
-        os.close(down_w)
-        down_w = None
-        line = executor.read_all(up_r)
-        up_r = None
-        if line.strip().isdigit():
-            init_pid = int(line)
-        error = executor.read_all(errr)
-        errr = None
-    finally:
-        for fd in (up_r, down_w, errr):
-            if fd is not None:
-                os.close(fd)
-    return _finish(pid, init_pid, error, spec)
-
-
-def _finish(pid, init_pid, error, spec):
-    target = lambda: init_pid or pid  # noqa: E731 - PID 1 of the namespace once it exists
-    outcome = executor.supervise(pid, error, spec.timeout, lambda: os.kill(target(), signal.SIGKILL),
-                                 target)
-    if init_pid is None and not outcome.timed_out:
-        raise LaunchError("the sandbox setup process died before the command started")
-    return outcome
+    error = executor.read_all(errr)
+    return executor.supervise(pid, error, spec.timeout, lambda: os.kill(pid, signal.SIGKILL),
+                              lambda: pid)
 
 
 def probe():

@@ -73,7 +73,7 @@ def lstat_or_none(path):
         return None
 
 
-def _same_content(entry, real_abs, real_st):
+def same_content(entry, real_abs, real_st):
     if entry.kind == "file":
         return entry.st.st_size == real_st.st_size and sha256_file(entry.src) == sha256_file(real_abs)
     if entry.kind == "symlink":
@@ -83,7 +83,7 @@ def _same_content(entry, real_abs, real_st):
     return True
 
 
-def _metadata_differs(entry, real_st, with_mtime):
+def metadata_differs(entry, real_st, with_mtime):
     a, b = entry.st, real_st
     if stat.S_IMODE(a.st_mode) != stat.S_IMODE(b.st_mode) and entry.kind != "symlink":
         return True
@@ -93,29 +93,33 @@ def _metadata_differs(entry, real_st, with_mtime):
 
 
 def classify(entry, target, fresh):
-    """The kind of change one view entry makes, or None if it changes nothing."""
+    """The kind of change one view entry makes to the real tree, or None."""
     if entry.kind == "invalid":
         return "invalid-whiteout"
     if fresh:       # under a directory the session created or replaced: compare with nothing
         return None if entry.kind == "whiteout" else "added"
     real_abs = real_path(target, entry.path)
-    real_st = lstat_or_none(real_abs)
-    real_kind = kind_of(real_st)
+    return layer_change(entry, real_abs, lstat_or_none(real_abs))
+
+
+def layer_change(entry, before_abs, before_st):
+    """The kind of change an entry makes over what lies below it (None: no change)."""
+    if entry.kind == "invalid":
+        return "invalid-whiteout"
     if entry.kind == "whiteout":
-        return "deleted" if real_st is not None else None
-    if real_st is None:
+        return "deleted" if before_st is not None else None
+    if before_st is None:
         return "added"
+    before_kind = kind_of(before_st)
     if entry.kind == "dir":
-        if real_kind == "dir":
+        if before_kind == "dir":
             if entry.opaque:
                 return "replaced-dir"
-            return "modified" if _metadata_differs(entry, real_st, with_mtime=False) else None
-        return "modified"      # a file (or link) became a directory
-    if real_kind != entry.kind:
-        return "modified"      # a directory (or another type) became a file or link
-    if _metadata_differs(entry, real_st, with_mtime=entry.kind != "symlink"):
+            return "modified" if metadata_differs(entry, before_st, with_mtime=False) else None
         return "modified"
-    return None if _same_content(entry, real_abs, real_st) else "modified"
+    if before_kind != entry.kind or metadata_differs(entry, before_st, entry.kind != "symlink"):
+        return "modified"
+    return None if same_content(entry, before_abs, before_st) else "modified"
 
 
 def plan(view, target):

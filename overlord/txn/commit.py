@@ -85,8 +85,13 @@ def safe_lstat(fds, path):
         return None
 
 
-def check_drift(session, view, plan):
-    """Every way the real tree moved under the session, for every path replay touches."""
+def check_drift(session, view):
+    """Every way the real tree moved under the session, on every path replay would touch.
+
+    Evidence: the kernel's ctime (no process can set it) against the open stamp, plus the
+    fingerprint taken when the session first touched the path. A directory that merely
+    contains changes is only checked for type: unrelated files may come and go beside them.
+    """
     stamp = session.meta["open_stamp_ns"]
     base = session.base()
     drifts = []
@@ -95,29 +100,40 @@ def check_drift(session, view, plan):
         for path in C.touched_paths(view):
             entry = view[path]
             if entry.kind == "invalid":
-                reason = "whiteout names the tree root" if path == "" or path.endswith(
-                    (".wh.", ".wh..", ".wh...")) else "invalid whiteout"
-                drifts.append(Drift(path or "/", reason))
+                parent = path.rpartition("/")[0]
+                drifts.append(Drift(path, "whiteout names the tree root" if not parent
+                                    else "invalid whiteout"))
                 continue
             try:
                 cur = safe_lstat(fds, path)
             except ViaSymlink:
                 drifts.append(Drift(path, "via a symlink"))
                 continue
-            before = base.get(path, "unknown")
-            if cur is None:
-                if before not in (None, "unknown") and entry.kind != "whiteout":
-                    drifts.append(Drift(path, "deleted-externally"))
-                continue
-            if before is None:
-                drifts.append(Drift(path, "created-externally"))
-            elif cur.st_ctime_ns >= stamp or (before != "unknown" and _moved(before, cur)):
-                drifts.append(Drift(path, "modified-externally"))
-            elif stat.S_ISDIR(cur.st_mode) and _removes_real_dir(entry):
+            reason = _path_drift(entry, cur, base.get(path, "unknown"), stamp)
+            if reason:
+                drifts.append(Drift(path, reason))
+            elif cur is not None and stat.S_ISDIR(cur.st_mode) and _removes_real_dir(entry):
                 drifts.extend(_descendant_drift(session.target, path, stamp))
     finally:
         fds.close()
     return drifts
+
+
+def _path_drift(entry, cur, before, stamp):
+    known = before != "unknown"
+    if cur is None:
+        return "deleted-externally" if known and before is not None and entry.kind != "whiteout" else None
+    if known and before is None:
+        return "created-externally"
+    if entry.kind == "dir" and not entry.opaque:
+        if not stat.S_ISDIR(cur.st_mode):
+            return "modified-externally"
+        if known and stat.S_IMODE(before["mode"]) != stat.S_IMODE(cur.st_mode):
+            return "modified-externally"
+        return None
+    if cur.st_ctime_ns >= stamp or (known and _moved(before, cur)):
+        return "modified-externally"
+    return None
 
 
 def _moved(before, cur):
@@ -126,6 +142,7 @@ def _moved(before, cur):
 
 
 def _removes_real_dir(entry):
+    """Replay removes the real directory here (whiteout, type change or replaced dir)."""
     return entry.kind != "dir" or entry.opaque
 
 

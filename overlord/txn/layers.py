@@ -117,3 +117,46 @@ def stack(layers):
             if path in view and view[path] is entry and hides_below(entry):
                 hidden.add(path)
     return view
+
+
+def _layer_hides(layer_dir, rel, dialect):
+    """Does this layer hide what lies at rel below it?  (whiteout, non-dir or opaque dir)"""
+    p = os.path.join(layer_dir, rel)
+    try:
+        st = os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        if dialect == "fuse":
+            parent, _, name = rel.rpartition("/")
+            return os.path.lexists(os.path.join(layer_dir, parent, ".wh." + name))
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return True
+    if dialect == "fuse":
+        return (_xattr_opaque(p, FUSE_OPAQUE) or
+                any(os.path.lexists(os.path.join(p, m)) for m in FUSE_MARKERS))
+    return _xattr_opaque(p, KERNEL_OPAQUE)
+
+
+def resolve(path, layer_dirs, dialect):
+    """Where a path's content lives in a stack (layer_dirs top-most first).
+
+    Returns (index into layer_dirs, lstat) for a layer holding it, (None, None) when a layer
+    removes or hides it, or ("real", None) when no layer says anything: the real tree decides.
+    Costs a few lstats per layer, independent of the size of the layers or the tree.
+    """
+    ancestors = parents(path)
+    for i, layer_dir in enumerate(layer_dirs):
+        p = os.path.join(layer_dir, path)
+        try:
+            st = os.lstat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        if st is not None:
+            if _is_whiteout_dev(st):
+                return None, None
+            return i, st
+        if dialect == "fuse" and _layer_hides(layer_dir, path, dialect):
+            return None, None
+        if any(_layer_hides(layer_dir, a, dialect) for a in ancestors):
+            return None, None
+    return "real", None

@@ -80,116 +80,78 @@ class Session:
 
     def seal(self, cause):
         """Turn the upper written by the last command into the next layer, if it changed
-        anything. Returns the new layer's index, or None when the command wrote nothing."""
+        anything. Returns the new layer's index, or None when the command wrote nothing.
+        Cost grows with what the command wrote (and the stack depth), not with the tree."""
         upper = self.path("upper")
         remove_tree(self.path("work"))
         index = len(self.meta["layers"])
         fresh = L.read_layer(upper, self.dialect, index)
-        below = self.read_layers()
-        records = self._layer_records(fresh, below, index, cause)
+        records = self._layer_records(fresh, index, cause)
         if not records:
             remove_tree(upper)
             return None
         name = f"{index:04d}"
         os.makedirs(self.path("layers"), exist_ok=True)
         os.rename(upper, self.path("layers", name))
-        self._record_base(fresh)
         self.meta["layers"].append({"dir": name, "cause": cause, "paths": len(records),
                                     "sealed": time.time()})
         store.append_jsonl(self.path("provenance.jsonl"), records)
         return index
 
-    def _layer_records(self, fresh, below, index, cause):
-        """One provenance record per path this layer changed relative to the view below it."""
-        below_view = L.stack(below)
+    def below(self, path, layer_dirs_top_first):
+        """(abs path, lstat, from_real) of a path as the layers below see it."""
+        where, st = L.resolve(path, layer_dirs_top_first, self.dialect)
+        if where == "real":
+            real = C.real_path(self.target, path)
+            return real, C.lstat_or_none(real), True
+        if where is None:
+            return None, None, False
+        return os.path.join(layer_dirs_top_first[where], path), st, False
+
+    def _layer_records(self, fresh, index, cause):
+        """One provenance record per path this layer changed relative to the view below it.
+
+        A path seen through to the real tree is touched for the first time: its real state is
+        fingerprinted into the record ("base"), the evidence commit checks drift against."""
+        stack_dirs = list(reversed(self.layer_dirs()))
         records = []
         for path in sorted(fresh, key=lambda p: p.split("/")):
             entry = fresh[path]
-            before_abs, before_st = self._resolve(path, below_view)
-            after_st = entry.st
-            if entry.kind == "invalid":
-                kind = "invalid-whiteout"
-            elif entry.kind == "whiteout":
-                if before_st is None:
-                    continue
-                kind = "deleted"
-            elif before_st is None:
-                kind = "added"
-            elif entry.kind == "dir":
-                if entry.opaque and stat.S_ISDIR(before_st.st_mode):
-                    kind = "replaced-dir"
-                elif stat.S_ISDIR(before_st.st_mode) and not C._metadata_differs(entry, before_st, False):
-                    continue
-                else:
-                    kind = "modified"
-            else:
-                if (C.kind_of(before_st) == entry.kind
-                        and not C._metadata_differs(entry, before_st, entry.kind != "symlink")
-                        and C._same_content(entry, before_abs, before_st)):
-                    continue
-                kind = "modified"
-            records.append({
-                "path": path, "kind": kind, "layer": index, "caused_by": cause,
-                "before": C.content_hash(before_abs, before_st) if before_st else None,
-                "after": C.content_hash(entry.src, after_st) if entry.src else None,
-            })
+            before_abs, before_st, from_real = self.below(path, stack_dirs)
+            kind = C.layer_change(entry, before_abs, before_st)
+            if kind is None:
+                continue
+            rec = {"path": path, "kind": kind, "layer": index, "caused_by": cause,
+                   "before": C.content_hash(before_abs, before_st) if before_st else None,
+                   "after": C.content_hash(entry.src, entry.st) if entry.src else None}
+            if from_real:
+                rec["base"] = fingerprint_of(before_st, rec["before"])
+                if self.meta.get("merge_base") and before_st is not None and stat.S_ISREG(before_st.st_mode):
+                    keep_base_copy(self, before_abs, rec["before"])
+            records.append(rec)
         return records
 
-    def _resolve(self, path, view):
-        """(abs path, lstat) of a path as the layers below see it, or (None, None)."""
-        entry = view.get(path)
-        if entry is None and any(p in view and L.hides_below(view[p]) for p in L.parents(path)):
-            return None, None
-        if entry is not None:
-            if entry.kind in ("whiteout", "invalid"):
-                return None, None
-            return entry.src, entry.st
-        real = C.real_path(self.target, path)
-        return real, C.lstat_or_none(real)
-
-    def _record_base(self, fresh):
-        """Fingerprint, on first touch, each path as the real tree has it (drift evidence)."""
-        base_path = self.path("base.json")
-        base = store_read_json(base_path, {})
-        added = False
-        for path in fresh:
-            if path in base:
-                continue
-            real = C.real_path(self.target, path)
-            base[path] = fingerprint(real)
-            added = True
-            if self.meta.get("merge_base") and base[path] and base[path]["type"] == "file":
-                keep_base_copy(self, path, real, base[path])
-        if added:
-            store.write_json_atomic(base_path, base)
-
     def base(self):
-        return store_read_json(self.path("base.json"), {})
+        """{path: fingerprint or None} of every path first seen through to the real tree."""
+        out = {}
+        for rec in store.read_jsonl(self.path("provenance.jsonl")):
+            if "base" in rec and rec["path"] not in out:
+                out[rec["path"]] = rec["base"]
+        return out
 
 
-def store_read_json(path, default):
-    import json
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return default
-
-
-def fingerprint(path):
-    st = C.lstat_or_none(path)
+def fingerprint_of(st, sha):
     if st is None:
         return None
     return {"type": C.kind_of(st), "mode": st.st_mode, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "ctime_ns": st.st_ctime_ns, "ino": st.st_ino, "dev": st.st_dev,
-            "sha256": C.content_hash(path, st)}
+            "ctime_ns": st.st_ctime_ns, "ino": st.st_ino, "dev": st.st_dev, "sha256": sha}
 
 
-def keep_base_copy(session, path, real, fp):
+def keep_base_copy(session, real, sha):
     """For --merge-base: keep the bytes of a touched file as the session first saw them."""
     objdir = session.path("base")
     os.makedirs(objdir, exist_ok=True)
-    dest = os.path.join(objdir, fp["sha256"])
+    dest = os.path.join(objdir, sha)
     if not os.path.exists(dest):
         shutil.copyfile(real, dest, follow_symlinks=False)
 

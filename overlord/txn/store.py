@@ -59,7 +59,7 @@ def write_json_atomic(path, data, mode=0o600):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            json.dump(data, f, sort_keys=True, separators=(",", ":"))
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -1,0 +1,88 @@
+"""Shared fixtures: a temporary OVERLORD_HOME, a temporary target, and the `ovl` CLI runner."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+SESSION_RE = re.compile(r"^session (\d{8}-\d{6}-[0-9a-f]{6})\b", re.M)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("OVERLORD_HOME", str(path))
+    return path
+
+
+@pytest.fixture
+def target(tmp_path):
+    t = tmp_path / "target"
+    t.mkdir()
+    (t / "hello.txt").write_text("hello\n")
+    (t / "sub").mkdir()
+    (t / "sub" / "a.txt").write_text("a\n")
+    return t
+
+
+class Ovl:
+    """Runs the real CLI (`python3 -m overlord`) with the test's environment."""
+
+    def __init__(self, home, backend=None):
+        self.home, self.backend = home, backend
+
+    def env(self, extra=None):
+        env = dict(os.environ, OVERLORD_HOME=str(self.home), PYTHONPATH=REPO)
+        if self.backend:
+            env["OVERLORD_TEST_BACKEND"] = self.backend
+        env.update(extra or {})
+        return env
+
+    def __call__(self, *args, input=None, cwd=None, env=None, timeout=120, check=None):
+        proc = subprocess.run([sys.executable, "-m", "overlord", *map(str, args)], input=input,
+                              cwd=cwd, env=self.env(env), capture_output=True, timeout=timeout)
+        proc.out = proc.stdout.decode("utf-8", "replace")
+        proc.err = proc.stderr.decode("utf-8", "replace")
+        if check is not None:
+            assert proc.returncode == check, (proc.returncode, proc.out, proc.err)
+        return proc
+
+    def run(self, target, *cmd, flags=(), check=0, **kw):
+        """`overlord run -t target [flags] -- cmd`; returns (sid, proc)."""
+        proc = self("run", "-t", target, *flags, "--", *cmd, check=check, **kw)
+        m = SESSION_RE.search(proc.out)
+        return (m.group(1) if m else None), proc
+
+    def sh(self, target, script, **kw):
+        return self.run(target, "sh", "-c", script, **kw)
+
+    def diff(self, sid):
+        proc = self("diff", sid, check=0)
+        return sorted(tuple(line.split("  ", 1)) for line in proc.out.splitlines())
+
+
+def backend_params():
+    forced = os.environ.get("OVERLORD_TEST_BACKEND")
+    return [forced] if forced else ["kernel", "fuse"]
+
+
+@pytest.fixture(params=backend_params())
+def backend(request):
+    """Each engine test runs on every backend; an unavailable one skips (fails on CI)."""
+    from overlord.sandbox import backends
+    ok, why = backends.get(request.param).probe()
+    if not ok:
+        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
+            pytest.fail(f"{request.param} backend unavailable on a host that must have it: {why}")
+        pytest.skip(f"{request.param} backend unavailable here: {why}")
+    return request.param
+
+
+@pytest.fixture
+def ovl(home, backend):
+    return Ovl(home, backend)
