@@ -322,7 +322,7 @@ def commit(sid, force=False, merge=False):
             merged = K.three_way(session, drifts, view)
             drifts = []
         K.refuse_if_drift(drifts, force)
-        K.replay(session.target, view, merged)
+        K.replay(session.target, view, merged, consume=True)
         session.meta.update(state="committed", committed=time.time(), forced=bool(force and drifts),
                             merged=sorted(merged))
         session.save()

@@ -173,13 +173,16 @@ def refuse_if_drift(drifts, force):
 
 # -- replay ----------------------------------------------------------------------------------
 
-def replay(target, view, merged=None):
+def replay(target, view, merged=None, consume=False):
     """Make the real tree equal the session's view on every path the view names.
 
     merged: {path: bytes} for files whose content is a three-way merge result.
+    consume: the layers are discarded afterwards, so a file may be moved (one rename) from
+    its layer into place instead of copied, when both are on one filesystem.
     """
     merged = merged or {}
     fds = DirFds(target)
+    move = consume
     dir_times = []
     try:
         for path in C.touched_paths(view):
@@ -204,6 +207,10 @@ def replay(target, view, merged=None):
                 continue
             if cur is not None and stat.S_ISDIR(cur.st_mode):
                 _remove(fds, pfd, path, name, cur)
+            if move and path not in merged:
+                move = _move_into_place(pfd, name, entry)
+                if move:
+                    continue
             _place(pfd, name, entry, merged.get(path))
         # directory times last, deepest first: creating children moved them
         for path, st in reversed(dir_times):
@@ -243,6 +250,21 @@ def _make_writable(pfd, name):
         pass
     finally:
         os.close(fd)
+
+
+def _move_into_place(pfd, name, entry):
+    """rename(2) the layer's file over the real one: atomic, no bytes copied. False when the
+    layer is on another filesystem (then every file is copied)."""
+    for attr in os.listxattr(entry.src, follow_symlinks=False):
+        if attr.startswith(("user.overlay.", "trusted.overlay.", "user.fuseoverlayfs.")):
+            os.removexattr(entry.src, attr, follow_symlinks=False)
+    try:
+        os.rename(entry.src, name, dst_dir_fd=pfd)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            return False
+        raise
+    return True
 
 
 def _tmp_name(name):

@@ -1,0 +1,138 @@
+"""OVERLORD benchmarks: ratios against a baseline measured in the same run.
+
+    python3 bench/bench.py [--runs 60] [--json]
+
+1. per-command: one command that writes one file inside an open session (launch, seal the
+   layer, record provenance) vs util-linux `unshare -Urm sh -c 'mount -t overlay ...; exec true'`.
+2. open + diff + rollback of a one-file change: a 100,000-file target vs a 10-file target.
+3. commit of 10,000 new small files vs `cp -a` of the same files.
+
+Figures and the machine they ran on are recorded in docs/PERFORMANCE.md.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from overlord import ops  # noqa: E402
+from overlord.sandbox import backends  # noqa: E402
+
+
+def median_ms(samples):
+    return statistics.median(samples) * 1000
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def bench_per_command(tmp, runs, backend):
+    target = os.path.join(tmp, "percmd")
+    os.mkdir(target)
+    sid = ops.run(["true"], target=target, backend=backend).sid
+    ours = [timed(lambda i=i: ops.exec_in(sid, ["touch", f"f{i}"])) for i in range(runs)]
+    ops.rollback(sid)
+    base = os.path.join(tmp, "unshare")
+    lower = os.path.join(base, "lower")
+    os.makedirs(lower)
+    script = (f"mount -t overlay overlay -o lowerdir={lower},upperdir={base}/u,workdir={base}/w "
+              f"{lower} && exec true")
+    theirs = []
+    for _ in range(runs):
+        for d in ("u", "w"):
+            shutil.rmtree(os.path.join(base, d), ignore_errors=True)
+            os.mkdir(os.path.join(base, d))
+        theirs.append(timed(lambda: subprocess.run(["unshare", "-Urm", "sh", "-c", script], check=True)))
+    return {"overlord_ms": median_ms(ours), "baseline_ms": median_ms(theirs),
+            "ratio": median_ms(ours) / median_ms(theirs), "target": 1.5, "runs": runs,
+            "baseline": "unshare -Urm sh -c 'mount -t overlay ... && exec true'"}
+
+
+def make_tree(root, files, per_dir=1000):
+    os.makedirs(root)
+    for i in range(files):
+        d = os.path.join(root, f"d{i // per_dir:04d}")
+        if i % per_dir == 0:
+            os.mkdir(d)
+        with open(os.path.join(d, f"f{i:06d}.txt"), "w") as f:
+            f.write(f"{i}\n")
+
+
+def bench_open_diff_rollback(tmp, runs, backend):
+    results = {}
+    for n in (10, 100_000):
+        target = os.path.join(tmp, f"tree{n}")
+        make_tree(target, n, per_dir=min(n, 1000))
+
+        def once():
+            r = ops.run(["sh", "-c", "echo changed > d0000/f000000.txt"], target=target, backend=backend)
+            assert len(ops.diff(r.sid)) == 1
+            ops.rollback(r.sid)
+        once()  # warm the page cache for both sizes alike
+        results[n] = median_ms([timed(once) for _ in range(runs)])
+    return {"small_ms": results[10], "large_ms": results[100_000],
+            "ratio": results[100_000] / results[10], "target": 1.3, "runs": runs}
+
+
+def bench_commit(tmp, backend, files=10_000):
+    target = os.path.join(tmp, "committree")
+    os.mkdir(target)
+    script = ("i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); mkdir -p $d; echo $i > $d/f$i.txt; "
+              "i=$((i + 1)); done") % files
+    sid = ops.run(["sh", "-c", script], target=target, backend=backend).sid
+    layer = ops.get_session(sid).layer_dirs()[0]
+    ours = timed(lambda: ops.commit(sid))
+    assert len(os.listdir(os.path.join(target, "d0"))) == 1000
+    dest = os.path.join(tmp, "cpdest")
+    os.mkdir(dest)
+    src = os.path.join(tmp, "cpsrc")
+    shutil.copytree(target, src)
+    theirs = timed(lambda: subprocess.run(["cp", "-a", src + "/.", dest], check=True))
+    del layer
+    return {"overlord_ms": ours * 1000, "baseline_ms": theirs * 1000, "ratio": ours / theirs,
+            "target": 2.0, "files": files, "baseline": "cp -a"}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=60, help="samples per median (default 60)")
+    p.add_argument("--backend", choices=("kernel", "fuse"), default="kernel")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    tmp = tempfile.mkdtemp(prefix="overlord-bench-")
+    os.environ["OVERLORD_HOME"] = os.path.join(tmp, "home")
+    backends.choose(args.backend)
+    try:
+        out = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
+                          f"Linux {platform.release()}, Python {platform.python_version()}",
+               "backend": args.backend,
+               "per_command": bench_per_command(tmp, args.runs, args.backend),
+               "open_diff_rollback": bench_open_diff_rollback(tmp, max(10, args.runs // 4), args.backend),
+               "commit_10k": bench_commit(tmp, args.backend)}
+    finally:
+        subprocess.run(["rm", "-rf", tmp])
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(out["machine"], f"({args.backend} backend)")
+    pc, od, cm = out["per_command"], out["open_diff_rollback"], out["commit_10k"]
+    print(f"per-command       {pc['overlord_ms']:8.2f} ms vs unshare+mount {pc['baseline_ms']:8.2f} ms"
+          f"  ratio {pc['ratio']:.2f} (target <= {pc['target']})")
+    print(f"open+diff+rollback {od['large_ms']:7.2f} ms on 100k files vs {od['small_ms']:7.2f} ms on 10"
+          f"  ratio {od['ratio']:.2f} (target <= {od['target']})")
+    print(f"commit 10k files  {cm['overlord_ms']:8.1f} ms vs cp -a {cm['baseline_ms']:8.1f} ms"
+          f"  ratio {cm['ratio']:.2f} (target <= {cm['target']})")
+
+
+if __name__ == "__main__":
+    main()
