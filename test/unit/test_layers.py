@@ -1,0 +1,85 @@
+"""Layer dialects and stacking, on synthetic layer directories (no mounts)."""
+import os
+import stat
+
+from overlord.txn import changes as C
+from overlord.txn import layers as L
+
+
+def whiteout(path):
+    os.mknod(path, stat.S_IFCHR | 0o600, 0)
+
+
+def test_kernel_dialect_whiteouts_and_opaque(tmp_path):
+    layer = tmp_path / "layer"
+    (layer / "d").mkdir(parents=True)
+    whiteout(layer / "gone")
+    (layer / ".wh.x").write_text("an ordinary file on the kernel backend")
+    os.setxattr(layer / "d", "user.overlay.opaque", b"y")
+    entries = L.read_layer(str(layer), "kernel")
+    assert entries["gone"].kind == "whiteout"
+    assert entries[".wh.x"].kind == "file"
+    assert entries["d"].kind == "dir" and entries["d"].opaque
+
+
+def test_fuse_dialect_markers_never_become_entries(tmp_path):
+    layer = tmp_path / "layer"
+    (layer / "new").mkdir(parents=True)
+    (layer / "new" / ".wh..wh..opq").write_text("")
+    whiteout(layer / "new" / ".wh..opq")
+    (layer / "new" / "f").write_text("f")
+    (layer / ".wh.removed").write_text("")
+    entries = L.read_layer(str(layer), "fuse")
+    assert set(entries) == {"new", "new/f", "removed"}
+    assert entries["new"].opaque
+    assert entries["removed"].kind == "whiteout"
+
+
+def test_fuse_whiteout_naming_root_is_invalid(tmp_path):
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    (layer / ".wh..").write_text("")
+    entries = L.read_layer(str(layer), "fuse")
+    assert entries[".wh.."].kind == "invalid"
+
+
+def test_stack_top_layer_wins_and_whiteouts_hide(tmp_path):
+    low, high = tmp_path / "0", tmp_path / "1"
+    (low / "d").mkdir(parents=True)
+    (low / "d" / "x").write_text("low")
+    (low / "keep").write_text("low")
+    high.mkdir()
+    whiteout(high / "d")
+    (high / "keep").write_text("high")
+    view = L.stack([L.read_layer(str(low), "kernel", 0), L.read_layer(str(high), "kernel", 1)])
+    assert set(view) == {"d", "keep"}
+    assert view["d"].kind == "whiteout" and view["keep"].layer == 1
+
+
+def test_resolve_sees_through_layers_to_the_real_tree(tmp_path):
+    low, high = tmp_path / "0", tmp_path / "1"
+    (low / "a").mkdir(parents=True)
+    (low / "a" / "f").write_text("x")
+    high.mkdir()
+    whiteout(high / "gone")
+    dirs = [str(high), str(low)]
+    assert L.resolve("a/f", dirs, "kernel")[0] == 1
+    assert L.resolve("gone", dirs, "kernel") == (None, None)
+    assert L.resolve("elsewhere", dirs, "kernel") == ("real", None)
+
+
+def test_plan_kinds_against_a_real_tree(tmp_path):
+    real, layer = tmp_path / "real", tmp_path / "layer"
+    (real / "dir").mkdir(parents=True)
+    (real / "dir" / "old").write_text("old")
+    (real / "same").write_text("same")
+    (real / "file").write_text("before")
+    layer.mkdir()
+    (layer / "file").write_text("after")
+    (layer / "new").write_text("new")
+    (layer / "dir").mkdir()
+    os.setxattr(layer / "dir", "user.overlay.opaque", b"y")
+    whiteout(layer / "same")
+    view = L.stack([L.read_layer(str(layer), "kernel", 0)])
+    kinds = {c.path: c.kind for c in C.plan(view, str(real))}
+    assert kinds == {"file": "modified", "new": "added", "dir": "replaced-dir", "same": "deleted"}
