@@ -129,6 +129,9 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
         raise OverlordError("--trace needs strace; install it (apt-get install strace)")
     store.ensure_home()
     with locks.TargetLock(target, wait=wait):
+        for meta in locks.pending_on(target):
+            if meta["state"] == "running":
+                _recover_stale(Session(meta))
         others = locks.pending_on(target)
         if others and not stack:
             raise OverlordError(f"session {others[0]['sid']} is still {others[0]['state']} on "
@@ -202,7 +205,7 @@ def _execute(session, mod, argv, cause, timeout, trace, pty_slave, on_forked=Non
         upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
         env=executor.sandbox_env(), timeout=timeout, pty_slave=pty_slave,
         trace_fd=recorder.write_fd if recorder else None,
-        mount_point=session.path("merged"),
+        mount_point=session.path("merged"), hide=(store.home(),),
         on_forked=_hooks(recorder.start if recorder else None, on_forked))
     try:
         outcome = mod.launch(spec)
@@ -238,7 +241,26 @@ def _command_cwd(target):
 # -- review ---------------------------------------------------------------------------------------
 
 def get_session(sid):
-    return Session.load(store.check_sid(sid))
+    session = Session.load(store.check_sid(sid))
+    if session.meta["state"] == "running":
+        try:
+            with locks.TargetLock(session.target):
+                session = Session.load(sid)
+                if session.meta["state"] == "running":
+                    _recover_stale(session)
+        except OverlordError:
+            pass          # a command really is executing on the target right now
+    return session
+
+
+def _recover_stale(session):
+    """A session left 'running' by a process that died (nothing holds the target lock):
+    seal what its last command wrote and make it reviewable again."""
+    if os.path.isdir(session.path("upper")):
+        session.seal({"kind": "command", "command": session.meta.get("command", ""),
+                      "interrupted": True})
+    session.meta.update(state="pending", interrupted=True)
+    session.save()
 
 
 def diff(sid):

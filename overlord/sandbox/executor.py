@@ -42,6 +42,7 @@ class Launch:
     pty_slave: int = None           # an fd to make the controlling terminal (shell)
     trace_fd: int = None            # write end of the strace output pipe
     mount_point: str = None         # where the merged view appears (fuse); the target (kernel)
+    hide: tuple = ()                # directories the command must not reach (OVERLORD_HOME)
     on_forked: object = None        # parent-side hook right after the first fork (trace reader)
 
 

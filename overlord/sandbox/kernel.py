@@ -91,6 +91,10 @@ def _init_process(launch, errw, from_parent):
         # private propagation first, so nothing we mount leaks back to the host
         libc.mount(None, "/", None, libc.MS_REC | libc.MS_PRIVATE)
         mount_overlay(launch, launch.target)
+        for path in launch.hide:
+            # the session's records and layers: an empty read-only directory from inside
+            libc.mount("tmpfs", path, "tmpfs", libc.MS_RDONLY | libc.MS_NOSUID | libc.MS_NODEV |
+                       libc.MS_NOEXEC, "size=4k,mode=000")
         pid = executor.spawn_command(launch, launch.cwd)
         os.close(errw)
         for fd in (0, 1, 2):
