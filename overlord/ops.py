@@ -11,7 +11,7 @@ import shutil
 import time
 
 from overlord.errors import LaunchError, NotFound, OverlordError, UsageError
-from overlord.sandbox import backends, executor
+from overlord.sandbox import backends, executor, harden
 from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
@@ -206,6 +206,7 @@ def _execute(session, mod, argv, cause, timeout, trace, pty_slave, on_forked=Non
         env=executor.sandbox_env(), timeout=timeout, pty_slave=pty_slave,
         trace_fd=recorder.write_fd if recorder else None,
         mount_point=session.path("merged"), hide=(store.home(),),
+        seccomp=harden.filter_bytes(allow_ptrace=bool(trace)),
         on_forked=_hooks(recorder.start if recorder else None, on_forked))
     try:
         outcome = mod.launch(spec)

@@ -37,6 +37,9 @@ MOVE_MOUNT_F_EMPTY_PATH = 0x00000004
 AT_FDCWD = -100
 
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
@@ -133,6 +136,25 @@ def fsmount(fd, attr_flags=0):
 def move_mount_fd(mfd, target):
     _check(_syscall(SYS_move_mount, ctypes.c_int(mfd), b"", ctypes.c_int(AT_FDCWD), _b(target),
                     ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), "move_mount", target)
+
+
+SYS_capset = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def capset_zero():
+    """Empty the effective, permitted and inheritable capability sets of this thread."""
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_syscall(SYS_capset, header, data), "capset")
+
+
+def cap_last_cap():
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 40
 
 
 def machine():

@@ -43,6 +43,7 @@ class Launch:
     trace_fd: int = None            # write end of the strace output pipe
     mount_point: str = None         # where the merged view appears (fuse); the target (kernel)
     hide: tuple = ()                # directories the command must not reach (OVERLORD_HOME)
+    seccomp: bytes = None           # encoded filter; the starter installs it with the rest
     on_forked: object = None        # parent-side hook right after the first fork (trace reader)
 
 

@@ -10,7 +10,7 @@ import subprocess
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
-from overlord.sandbox import executor
+from overlord.sandbox import executor, harden
 
 NAME = "fuse"
 
@@ -95,6 +95,7 @@ def _run(spec):
             os.setpgid(0, 0)
             # Orphans are re-parented to us, so the whole tree can be ended with the command.
             libc.prctl(libc.PR_SET_CHILD_SUBREAPER, 1)
+            harden.apply(spec.seccomp)
             child = executor.spawn_command(spec, _translate_cwd(spec))
             os.close(errw)
             code = executor.reap_until(child)

@@ -16,7 +16,7 @@ import tempfile
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
-from overlord.sandbox import executor
+from overlord.sandbox import executor, harden
 
 NAME = "kernel"
 
@@ -95,6 +95,7 @@ def _init_process(launch, errw, from_parent):
             # the session's records and layers: an empty read-only directory from inside
             libc.mount("tmpfs", path, "tmpfs", libc.MS_RDONLY | libc.MS_NOSUID | libc.MS_NODEV |
                        libc.MS_NOEXEC, "size=4k,mode=000")
+        harden.apply(launch.seccomp)
         pid = executor.spawn_command(launch, launch.cwd)
         os.close(errw)
         for fd in (0, 1, 2):
@@ -148,7 +149,8 @@ def probe():
             os.mkdir(d)
         spec = executor.Launch(target=dirs["lower"], lowers=[dirs["lower"]], upper=dirs["upper"],
                                work=dirs["work"], argv=["true"], cwd="/",
-                               env={"PATH": executor.DEFAULT_PATH})
+                               env={"PATH": executor.DEFAULT_PATH},
+                               seccomp=harden.filter_bytes(allow_ptrace=False))
         try:
             outcome = launch(spec)
             error = None if outcome.exit_code == 0 else f"probe exited {outcome.exit_code}"

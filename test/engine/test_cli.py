@@ -4,7 +4,6 @@ import fcntl
 import hashlib
 import json
 import os
-import pty  # noqa: F401 - documents that the shell tests need a pty-capable host
 import re
 import select
 import subprocess
@@ -491,7 +490,7 @@ class Pty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "overlord", "shell", "-t", str(target)], stdin=slave,
-            stdout=slave, stderr=slave, env=ovl.env({"TERM": "dumb", "PS1": "$ "}),
+            stdout=slave, stderr=slave, env=ovl.env({"TERM": "dumb"}),
             start_new_session=True, preexec_fn=make_ctty)
         os.close(slave)
         self.buf = b""

@@ -261,6 +261,22 @@ def test_commit_several_layers_of_one_path_keep_last(ovl, target):
     assert os.lstat(target / "old").st_mtime_ns == view["b'old'"]["mtime_ns"]
 
 
+def test_session_sees_the_root_with_its_real_mode(ovl, target):
+    os.chmod(target, 0o751)
+    sid, view = session_with_view(ovl, target, "echo x > x.txt")
+    assert view["."]["mode"] == "0o751"
+    ovl("commit", sid, check=0)
+    assert oct(os.stat(target).st_mode & 0o7777) == "0o751"
+
+
+def test_commit_chmod_of_the_root(ovl, target):
+    os.chmod(target, 0o755)
+    sid, view = session_with_view(ovl, target, "echo x > x.txt; chmod 750 .")
+    assert view["."]["mode"] == "0o750"
+    ovl("commit", sid, check=0)
+    assert oct(os.stat(target).st_mode & 0o7777) == "0o750"
+
+
 # -- rollback ---------------------------------------------------------------------------------
 
 def test_rollback_byte_identical_and_cleans_up(ovl, home, target):
