@@ -15,7 +15,7 @@ from overlord.sandbox import backends, executor, harden
 from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
-from overlord.txn import locks, store
+from overlord.txn import locks, replay, store
 from overlord.txn.session import Session, open_stamp_ns, remove_tree
 
 GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool}
@@ -345,7 +345,7 @@ def commit(sid, force=False, merge=False):
             merged = K.three_way(session, drifts, view)
             drifts = []
         K.refuse_if_drift(drifts, force)
-        K.replay(session.target, view, merged, consume=True)
+        replay.replay(sid, session.target, view, merged, consume=True)
         session.meta.update(state="committed", committed=time.time(), forced=bool(force and drifts),
                             merged=sorted(merged))
         session.save()
@@ -368,6 +368,25 @@ def _drop_working_files(session):
     """Keep the small record (meta, provenance, syscalls); drop layers and scratch dirs."""
     for name in ("layers", "upper", "work", "merged", "base"):
         remove_tree(session.path(name))
+
+
+def recover():
+    """Settle any commit a crash interrupted: undo it if it was not finished, or complete the
+    bookkeeping if it was. Every overlord command calls this first; it costs one listdir."""
+    for data in replay.pending_journals():
+        try:
+            with locks.TargetLock(data["target"], wait=True):
+                if data["state"] == "done":
+                    session = Session.load(data["sid"])
+                    if session.meta["state"] != "committed":
+                        session.meta.update(state="committed", committed=time.time(), recovered=True)
+                        session.save()
+                    replay.settle(data)
+                    _drop_working_files(session)
+                else:
+                    replay.undo(data)
+        except (OSError, OverlordError):
+            continue
 
 
 # -- listing and diagnostics ----------------------------------------------------------------------

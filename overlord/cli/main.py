@@ -131,6 +131,7 @@ def dispatch(argv):
     if args.command is None:
         build_parser().print_help()
         return 2
+    ops.recover()
     if args.command == "run":
         if cmd is None:
             cmd = [a for a in (args.cmd or []) if a != "--"]

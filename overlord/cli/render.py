@@ -5,7 +5,10 @@ import time
 
 
 def escape_path(path):
-    """Printable form of a path: invalid bytes as \\xNN, control characters escaped."""
+    """Printable form of a path: invalid bytes as \\xNN, control characters escaped; the
+    tree root itself is '.'."""
+    if path == "":
+        return "."
     out = []
     for ch in path:
         code = ord(ch)

@@ -43,7 +43,10 @@ def _escape(path):
 def mount(spec):
     overlayfs, _ = _binaries()
     lowers = ":".join(_escape(p) for p in spec.lowers)
-    opts = f"lowerdir={lowers},upperdir={_escape(spec.upper)},workdir={_escape(spec.work)}"
+    # writeback=0: with the kernel's writeback cache the command would see mtimes the
+    # upper layer never gets
+    opts = (f"lowerdir={lowers},upperdir={_escape(spec.upper)},workdir={_escape(spec.work)},"
+            "writeback=0")
     os.makedirs(spec.mount_point, exist_ok=True)
     proc = subprocess.run([overlayfs, "-o", opts, spec.mount_point], stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -2,6 +2,7 @@
 
 One function computes it; `diff`, `log`, drift checks and `commit` all use the same list.
 """
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -12,9 +13,33 @@ from overlord.txn import layers as L
 KINDS = ("added", "modified", "deleted", "replaced-dir", "invalid-whiteout")
 
 
-def sha256_file(path, dir_fd=None):
+@contextlib.contextmanager
+def readable(path):
+    """Let us read a file of our own that the command left unreadable (a mode-000 file in a
+    layer), restoring its mode afterwards."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        yield
+        return
+    if os.access(path, os.R_OK, follow_symlinks=False) or not stat.S_ISREG(st.st_mode):
+        yield
+        return
+    os.chmod(path, stat.S_IMODE(st.st_mode) | 0o400)
+    try:
+        yield
+    finally:
+        os.chmod(path, stat.S_IMODE(st.st_mode))
+
+
+def sha256_file(path):
+    with readable(path):
+        return _sha256(path)
+
+
+def _sha256(path):
     h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         while True:
             chunk = os.read(fd, 1 << 20)

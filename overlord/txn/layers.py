@@ -9,6 +9,7 @@ A layer is an overlay upper directory. Two dialects exist:
 Paths are relative to the target root, '/'-separated, decoded with surrogateescape.
 """
 import dataclasses
+import json
 import os
 import stat
 
@@ -41,21 +42,67 @@ def _is_whiteout_dev(st):
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
 
 
-def read_layer(layer_dir, dialect, index=None):
+def with_mode(st, mode):
+    """A copy of a stat result with another st_mode."""
+    extra = {n: getattr(st, n) for n in dir(st) if n.startswith("st_")}
+    return os.stat_result((mode,) + tuple(st)[1:], extra)
+
+
+def open_up(layer_dir):
+    """Give us search/read/write on every directory of a fresh layer (the command may have
+    made one mode 000: as an ordinary user we could not even list it). Returns the modes the
+    command set, {path: st_mode}, to keep beside the layer; read_layer reports those."""
+    changed = {}
+    if os.geteuid() == 0:
+        return changed
+    todo = [("", layer_dir)]
+    while todo:
+        rel, absdir = todo.pop()
+        st = os.lstat(absdir)
+        if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+            os.chmod(absdir, stat.S_IMODE(st.st_mode) | 0o700)
+            changed[rel] = st.st_mode
+        for entry in os.scandir(absdir):
+            if entry.is_dir(follow_symlinks=False):
+                todo.append((f"{rel}/{entry.name}" if rel else entry.name, entry.path))
+    return changed
+
+
+def modes_path(layer_dir):
+    return layer_dir.rstrip("/") + ".modes.json"
+
+
+def _saved_modes(layer_dir):
+    try:
+        with open(modes_path(layer_dir), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def read_root(layer_dir):
+    """The lstat of a layer's root as the view reports it."""
+    st = os.lstat(layer_dir)
+    mode = _saved_modes(layer_dir).get("")
+    return st if mode is None else with_mode(st, mode)
+
+
+def read_layer(layer_dir, dialect, index=None, modes=None):
     """All entries of one layer: {path: Entry}. Cost grows with the layer, not the tree."""
-    entries = {}
+    modes = _saved_modes(layer_dir) if modes is None else modes
     root_st = os.lstat(layer_dir)
     opaque_names = KERNEL_OPAQUE if dialect == "kernel" else FUSE_OPAQUE
+    # the root carries the tree root's own mode (a chmod of "." is a change like any other)
+    if "" in modes:
+        root_st = with_mode(root_st, modes[""])
+    entries = {"": Entry("", "dir", layer_dir, root_st, layer=index)}
     if _xattr_opaque(layer_dir, opaque_names):
         # an opaque root would mean "the whole tree is gone": never replayable
         entries[""] = Entry("", "invalid", layer=index)
     todo = [("", layer_dir, root_st)]
     while todo:
-        rel, absdir, _ = todo.pop()
-        try:
-            names = os.listdir(absdir)
-        except OSError:
-            continue
+        rel, absdir, st = todo.pop()
+        names = os.listdir(absdir)
         is_opaque_marked = dialect == "fuse" and any(m in names for m in FUSE_MARKERS)
         if is_opaque_marked and rel:
             entries[rel].opaque = True
@@ -78,6 +125,8 @@ def read_layer(layer_dir, dialect, index=None):
             if _is_whiteout_dev(st):
                 entries[path] = Entry(path, "whiteout", layer=index)
             elif stat.S_ISDIR(st.st_mode):
+                if path in modes:
+                    st = with_mode(st, modes[path])
                 entries[path] = Entry(path, "dir", src, st, _xattr_opaque(src, opaque_names), index)
                 todo.append((path, src, st))
             elif stat.S_ISREG(st.st_mode):

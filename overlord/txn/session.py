@@ -70,13 +70,20 @@ class Session:
     # -- sealing ---------------------------------------------------------------------------
 
     def prepare_upper(self):
-        """A fresh, empty upper and work dir for the next command."""
+        """A fresh, empty upper and work dir for the next command. The upper's root is what
+        the command sees as the tree root: it takes the mode (and owner) the view has now."""
         for name in ("upper", "work"):
             p = self.path(name)
             if os.path.lexists(p):
                 remove_tree(p)
             os.mkdir(p, 0o700)
-        return self.path("upper"), self.path("work")
+        layers = self.layer_dirs()
+        top = L.read_root(layers[-1]) if layers else os.lstat(self.target)
+        upper = self.path("upper")
+        if os.geteuid() == 0:
+            os.chown(upper, top.st_uid, top.st_gid)
+        os.chmod(upper, stat.S_IMODE(top.st_mode))
+        return upper, self.path("work")
 
     def seal(self, cause):
         """Turn the upper written by the last command into the next layer, if it changed
@@ -85,13 +92,16 @@ class Session:
         upper = self.path("upper")
         remove_tree(self.path("work"))
         index = len(self.meta["layers"])
-        fresh = L.read_layer(upper, self.dialect, index)
+        modes = L.open_up(upper)
+        fresh = L.read_layer(upper, self.dialect, index, modes)
         records = self._layer_records(fresh, index, cause)
         if not records:
             remove_tree(upper)
             return None
         name = f"{index:04d}"
         os.makedirs(self.path("layers"), exist_ok=True)
+        if modes:
+            store.write_json_atomic(L.modes_path(self.path("layers", name)), modes)
         os.rename(upper, self.path("layers", name))
         self.meta["layers"].append({"dir": name, "cause": cause, "paths": len(records),
                                     "sealed": time.time()})

@@ -168,11 +168,16 @@ def test_sessions_lines_carry_every_state(ovl, target, tmp_path):
 
 
 def test_sessions_is_one_line_per_session_even_for_odd_commands(ovl, target):
+    """A command line holding a newline or an undecodable byte is escaped, like a path."""
     sid, _ = ovl.run(target, "sh", "-c", "echo one\necho two > x.txt")
     out = ovl("sessions", check=0).out
     lines = out.splitlines()
     assert len(lines) == 1, f"one session must be one line: {out!r}"
     assert re.match(rf"^{sid}\s+pending\b", lines[0]), out
+    sid2, _ = ovl.run(target, "touch", os.fsdecode(b"odd\xffname"), flags=["--stack"])
+    raw = ovl("sessions", check=0).stdout
+    assert b"\xff" not in raw, raw
+    assert len(raw.splitlines()) == 2 and sid2.encode() in raw
 
 
 def test_json_carries_non_utf8_and_newline_paths_exactly(ovl, tmp_path, home):
@@ -513,16 +518,25 @@ class Pty:
                 self.buf += data
         return re.search(pattern, self.buf)
 
+    def prompt(self):
+        """Wait for the shell's prompt: input typed before overlord takes the terminal may be
+        flushed by the switch to raw mode, as on any terminal program."""
+        self.read_until(rb"[$#] $")
+        self.buf = b""
+
     def close(self):
-        if self.proc.poll() is None:
+        os.close(self.master)            # hang up: overlord ends the shell and unmounts
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
-        self.proc.wait()
-        os.close(self.master)
+            self.proc.wait()
 
 
 def test_shell_on_a_pty(ovl, home, target):
     sh = Pty(ovl, target)
     try:
+        sh.prompt()
         sh.write(b"echo $((6*7)) > pty.txt; exit\n")
         sid = sh.read_until(rb"session (\d{8}-\d{6}-[0-9a-f]{6})").group(1).decode()
         assert sh.proc.wait(timeout=30) == 0
@@ -537,12 +551,14 @@ def test_shell_ctrl_c_interrupts_the_command_not_the_shell(ovl, home, target):
     marker = b"30.%d" % (uuid.uuid4().int % 1000000)
     sh = Pty(ovl, target)
     try:
+        sh.prompt()
         sh.write(b"sleep " + marker + b"\n")
         wait_for(lambda: any(c.split(b"\0")[0].endswith(b"sleep")
                              for _, c in procs_mentioning(marker)), what="sleep to start")
         sh.write(b"\x03")
         wait_for(lambda: not procs_mentioning(marker), timeout=10, what="Ctrl-C to end the sleep")
         assert sh.proc.poll() is None, "Ctrl-C ended overlord shell itself"
+        sh.prompt()
         sh.write(b"echo after > after.txt; exit\n")
         sid = sh.read_until(rb"session (\d{8}-\d{6}-[0-9a-f]{6})").group(1).decode()
         sh.proc.wait(timeout=30)

@@ -172,7 +172,7 @@ def test_commit_replaced_dir(ovl, target):
 
 
 def test_commit_read_only_dir_with_new_files(ovl, target):
-    """A directory the session filled and then made read-only (and one made 000-less-x)."""
+    """Directories the session filled and then made read-only (a new one and an existing one)."""
     sid, view = session_with_view(ovl, target, r"""
         mkdir ro && echo locked > ro/f.txt && mkdir ro/inner && echo i > ro/inner/g && chmod 555 ro/inner ro
         echo s > sub/new.txt && chmod 500 sub
@@ -249,7 +249,7 @@ def test_commit_odd_names(ovl, target):
     assert os.path.isdir(os.path.join(pre, b"-olddash"))
 
 
-def test_commit_several_layers_of_one_path_keep_last(ovl, target):
+def test_commit_keeps_explicit_nanosecond_mtimes(ovl, target):
     """Mtimes set explicitly in the past survive replay to the nanosecond."""
     sid, view = session_with_view(ovl, target, r"""
         echo v1 > f.txt; echo v2 > f.txt

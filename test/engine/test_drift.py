@@ -124,7 +124,7 @@ def test_force_overrides_and_session_wins(ovl, target):
     (target / "hello.txt").write_text("external\n")
     (target / "new.txt").write_text("external\n")
     (target / "sub" / "a.txt").write_text("external\n")
-    assert_commit_refused(ovl, sid, target, "commit --force")
+    assert_commit_refused(ovl, sid, target)
     proc = ovl("commit", "--force", sid)
     assert proc.returncode == 0, (proc.out, proc.err)
     assert (target / "hello.txt").read_text() == "session\n"

@@ -30,7 +30,7 @@ def test_fuse_dialect_markers_never_become_entries(tmp_path):
     (layer / "new" / "f").write_text("f")
     (layer / ".wh.removed").write_text("")
     entries = L.read_layer(str(layer), "fuse")
-    assert set(entries) == {"new", "new/f", "removed"}
+    assert set(entries) == {"", "new", "new/f", "removed"}
     assert entries["new"].opaque
     assert entries["removed"].kind == "whiteout"
 
@@ -52,7 +52,7 @@ def test_stack_top_layer_wins_and_whiteouts_hide(tmp_path):
     whiteout(high / "d")
     (high / "keep").write_text("high")
     view = L.stack([L.read_layer(str(low), "kernel", 0), L.read_layer(str(high), "kernel", 1)])
-    assert set(view) == {"d", "keep"}
+    assert set(view) == {"", "d", "keep"}
     assert view["d"].kind == "whiteout" and view["keep"].layer == 1
 
 
