@@ -385,8 +385,20 @@ def recover():
                     _drop_working_files(session)
                 else:
                     replay.undo(data)
+                    _note_restored(Session.load(data["sid"]), data)
         except (OSError, OverlordError):
             continue
+
+
+def _note_restored(session, data):
+    """Undoing a commit renames the originals back, which moves their ctime: remember the
+    restored (inode, ctime) so the retried commit does not mistake our own undo for drift."""
+    restored = {}
+    for step in data["steps"]:
+        st = C.lstat_or_none(C.real_path(data["target"], step["path"]))
+        if st is not None and step["existed"] and st.st_ino == step["ino"]:
+            restored[step["path"]] = [st.st_ino, st.st_ctime_ns]
+    store.write_json_atomic(session.path("restored.json"), restored)
 
 
 # -- listing and diagnostics ----------------------------------------------------------------------

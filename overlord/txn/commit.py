@@ -34,6 +34,7 @@ def check_drift(session, view):
     """
     stamp = session.meta["open_stamp_ns"]
     base = session.base()
+    restored = session.restored()
     drifts = []
     fds = DirFds(session.target)
     try:
@@ -49,7 +50,8 @@ def check_drift(session, view):
             except ViaSymlink:
                 drifts.append(Drift(path, "via a symlink"))
                 continue
-            reason = _path_drift(entry, cur, base.get(path, "unknown"), stamp)
+            ours = cur is not None and restored.get(path) == [cur.st_ino, cur.st_ctime_ns]
+            reason = _path_drift(entry, cur, base.get(path, "unknown"), 0 if ours else stamp)
             if reason:
                 drifts.append(Drift(path, reason))
             elif cur is not None and stat.S_ISDIR(cur.st_mode) and _removes_real_dir(entry):
@@ -71,7 +73,7 @@ def _path_drift(entry, cur, before, stamp):
         if known and stat.S_IMODE(before["mode"]) != stat.S_IMODE(cur.st_mode):
             return "modified-externally"
         return None
-    if cur.st_ctime_ns >= stamp or (known and _moved(before, cur)):
+    if (stamp and cur.st_ctime_ns >= stamp) or (known and _moved(before, cur)):
         return "modified-externally"
     return None
 

@@ -404,17 +404,16 @@ def _undo_step(fds, bfd, n, step, sid):
         os.unlink(tmp, dir_fd=pfd)
     saved = lstat_at(bfd, str(n)) if bfd is not None else None
     cur = lstat_at(pfd, name)
-    if step["existed"] and step["dir"] and saved is None and cur is not None and stat.S_ISDIR(cur.st_mode):
-        # a directory that stayed: give back its mode and times
-        os.chmod(name, stat.S_IMODE(step["mode"]), dir_fd=pfd)
-        os.utime(name, ns=tuple(step["times"]), dir_fd=pfd, follow_symlinks=False)
+    # the inode the journal recorded is still here: this step never replaced it
+    original_here = cur is not None and step["existed"] and cur.st_ino == step["ino"]
+    if original_here:
+        if step["dir"]:          # only its mode and times may have moved
+            os.chmod(name, stat.S_IMODE(step["mode"]), dir_fd=pfd)
+            os.utime(name, ns=tuple(step["times"]), dir_fd=pfd, follow_symlinks=False)
         return
-    if cur is not None and not (saved is not None and cur.st_ino == saved.st_ino
-                                and not stat.S_ISDIR(cur.st_mode)):
+    if cur is not None:
         _take_back(fds, pfd, path, name, cur, step)
     if saved is not None:
-        if lstat_at(pfd, name) is not None:      # the original itself, still linked here
-            os.unlink(name, dir_fd=pfd)
         os.rename(str(n), name, src_dir_fd=bfd, dst_dir_fd=pfd)
 
 

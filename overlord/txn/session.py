@@ -1,4 +1,5 @@
 """A session: its directory, its layer stack, and sealing a layer after each command."""
+import json
 import os
 import shutil
 import stat
@@ -140,6 +141,14 @@ class Session:
                     keep_base_copy(self, before_abs, rec["before"])
             records.append(rec)
         return records
+
+    def restored(self):
+        """{path: [inode, ctime]} of originals an undone commit put back (see ops.recover)."""
+        try:
+            with open(self.path("restored.json"), encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {}
 
     def base(self):
         """{path: fingerprint or None} of every path first seen through to the real tree."""
