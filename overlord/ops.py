@@ -257,6 +257,9 @@ def get_session(sid):
 def _recover_stale(session):
     """A session left 'running' by a process that died (nothing holds the target lock):
     seal what its last command wrote and make it reviewable again."""
+    merged = session.path("merged")
+    if os.path.ismount(merged):
+        backends.get("fuse").unmount(merged)
     if os.path.isdir(session.path("upper")):
         session.seal({"kind": "command", "command": session.meta.get("command", ""),
                       "interrupted": True})

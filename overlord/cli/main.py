@@ -181,7 +181,7 @@ def cmd_sessions(args):
                      {"layers": len(m.get("layers", []))} for m in metas])
         return 0
     rows = [(m["sid"], m.get("state", "?"), m.get("backend", "?"), R.escape_path(m.get("target", "")),
-             m.get("command", "")) for m in metas]
+             R.escape_path(m.get("command", "")) or "-") for m in metas]
     if rows:
         print(R.table(rows))
     return 0
@@ -241,7 +241,7 @@ def cmd_doctor(args):
     print(f"active backend: {report.active or 'none'}")
     for tool, path in report.tools.items():
         print(f"{tool}: {path or 'not found'}")
-    print(f"home: {report.home}")
+    print(f"home: {R.escape_path(report.home)}")
     return 0 if report.active else 1
 
 

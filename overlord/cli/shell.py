@@ -70,7 +70,7 @@ def run_shell(args):
         relay.thread.start()
     saved_attrs = termios.tcgetattr(sys.stdin.fileno())
     old_winch = signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(sys.stdin.fileno(), master))
-    tty.setraw(sys.stdin.fileno())
+    tty.setraw(sys.stdin.fileno(), termios.TCSADRAIN)     # keep what was typed ahead
     try:
         result = ops.run(_shell_argv(True), target=args.target, backend=args.backend, wait=args.wait,
                          stack=args.stack, pty_slave=slave, on_forked=started,

@@ -106,6 +106,8 @@ def spawn_command(launch, cwd):
     argv = command_argv(launch)
     exe = shutil.which(argv[0], path=launch.env.get("PATH", DEFAULT_PATH))
     if exe is None:
+        if "/" in argv[0] and os.path.isfile(argv[0]):
+            raise OSError(13, f"cannot execute {launch.argv[0]}: not executable")
         raise OSError(2, f"command not found: {launch.argv[0]}")
     try:
         return os.posix_spawn(exe, argv, launch.env, file_actions=actions, setsid=True,
