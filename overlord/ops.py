@@ -10,8 +10,9 @@ import shlex
 import shutil
 import time
 
+from overlord.linux import libc
 from overlord.errors import LaunchError, NotFound, OverlordError, UsageError
-from overlord.sandbox import backends, executor, harden
+from overlord.sandbox import backends, executor, harden, jail
 from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
@@ -90,14 +91,17 @@ def _inside(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _check_backend_grants(backend, grants):
-    for key in ("jail",):
-        if grants.get(key):
-            raise OverlordError(f"--jail is not available on the {backend.NAME} backend yet: "
-                                "refusing rather than running unjailed")
-    if grants.get("net") == "none":
-        raise OverlordError(f"--net none is not available on the {backend.NAME} backend yet: "
-                            "refusing rather than running with the network")
+def _check_backend_grants(backend, grants, target):
+    """A backend that cannot honour a containment grant refuses it; it never pretends."""
+    if backend.NAME != "kernel":
+        if grants.get("jail"):
+            raise OverlordError(f"--jail needs the kernel backend; the {backend.NAME} backend is "
+                                "cooperative and refuses rather than running unjailed")
+        if grants.get("net") == "none":
+            raise OverlordError(f"--net none needs the kernel backend; the {backend.NAME} backend "
+                                "refuses rather than running with the network")
+    if grants.get("jail"):
+        jail.plan(target, grants.get("net", "host"))      # refuses a target it cannot jail
 
 
 # -- run ----------------------------------------------------------------------------------------
@@ -120,7 +124,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     grants = grants or {}
     target = resolve_target(target)
     mod = backends.choose(backend)
-    _check_backend_grants(mod, grants)
+    _check_backend_grants(mod, grants, target)
     if trace not in (None, "strace", "ebpf"):
         raise UsageError(f"--trace takes strace or ebpf, not {trace!r}")
     if trace == "ebpf":
@@ -139,7 +143,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
         session = _create_session(target, mod, grants, argv, trace)
         try:
             outcome, count = _execute(session, mod, argv, cause or command_cause(argv),
-                                      grants.get("timeout"), trace, pty_slave, on_forked)
+                                      pty_slave=pty_slave, on_forked=on_forked)
         except LaunchError:
             remove_tree(session.dir)      # a launch that failed leaves no half-made session
             raise
@@ -168,8 +172,7 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False):
     mod = backends.get(session.dialect)
     with locks.TargetLock(session.target, wait=wait):
         before = len(session.meta["layers"])
-        outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout,
-                              session.meta.get("trace"), None)
+        outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout)
         session.save()
     layer = before if len(session.meta["layers"]) > before else None
     return ExecResult(sid, outcome.exit_code, outcome.timed_out, layer)
@@ -196,18 +199,28 @@ def _create_session(target, mod, grants, argv, trace):
     return session
 
 
-def _execute(session, mod, argv, cause, timeout, trace, pty_slave, on_forked=None):
-    """Run one command over the session's stack and seal what it wrote as a new layer."""
+def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_forked=None):
+    """Run one command over the session's stack, under the session's grants, and seal what
+    it wrote as a new layer."""
+    grants, trace = session.meta["grants"], session.meta.get("trace")
+    jailed, net = bool(grants.get("jail")), grants.get("net", "host")
     upper, work = session.prepare_upper()
     recorder = Recorder(session.path("syscalls.jsonl")) if trace else None
+    tty = os.ttyname(pty_slave) if pty_slave is not None else None
+    if jailed:
+        os.makedirs(session.path("root"), exist_ok=True)
     spec = executor.Launch(
         target=session.target, lowers=list(reversed(session.layer_dirs())) + [session.target],
         upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
-        env=executor.sandbox_env(), timeout=timeout, pty_slave=pty_slave,
+        env=executor.sandbox_env(jailed=jailed), timeout=timeout or grants.get("timeout"),
+        pty_slave=pty_slave, tty_path=(jail.CONSOLE if jailed else tty) if tty else None,
         trace_fd=recorder.write_fd if recorder else None,
-        mount_point=session.path("merged"), hide=(store.home(),),
+        mount_point=session.path("merged"), hide=(store.home(),), net=net,
+        jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
         seccomp=harden.filter_bytes(allow_ptrace=bool(trace)),
         on_forked=_hooks(recorder.start if recorder else None, on_forked))
+    # the command runs as our uid: it must not read our environment through /proc either
+    libc.prctl(libc.PR_SET_DUMPABLE, 0)
     try:
         outcome = mod.launch(spec)
     except BaseException:
@@ -216,12 +229,14 @@ def _execute(session, mod, argv, cause, timeout, trace, pty_slave, on_forked=Non
         remove_tree(upper)
         remove_tree(work)
         raise
+    finally:
+        for scratch in ("merged", "root"):
+            if os.path.isdir(session.path(scratch)) and not os.path.ismount(session.path(scratch)):
+                os.rmdir(session.path(scratch))
     count = recorder.finish() if recorder else None
     if count is not None:
         cause = dict(cause, syscalls=count)
     session.seal(cause)
-    if os.path.isdir(session.path("merged")):
-        os.rmdir(session.path("merged"))
     return outcome, count
 
 

@@ -37,6 +37,7 @@ MOVE_MOUNT_F_EMPTY_PATH = 0x00000004
 AT_FDCWD = -100
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -155,6 +156,59 @@ def cap_last_cap():
             return int(f.read())
     except (OSError, ValueError):
         return 40
+
+
+SYS_pivot_root = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
+SYS_mount_setattr = 442
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x00000001
+MOUNT_ATTR_NOSUID = 0x00000002
+MOUNT_ATTR_NODEV = 0x00000004
+
+
+def pivot_root(new_root, put_old):
+    _check(_syscall(SYS_pivot_root, _b(new_root), _b(put_old)), "pivot_root", new_root)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def mount_setattr_recursive(path, attr_set):
+    """Set mount attributes on a mount and every mount below it, keeping all others (so
+    flags the kernel locked stay as they are)."""
+    attr = _MountAttr(attr_set, 0, 0, 0)
+    _check(_syscall(SYS_mount_setattr, ctypes.c_int(AT_FDCWD), _b(path), ctypes.c_uint(AT_RECURSIVE),
+                    ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), "mount_setattr", path)
+
+
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+
+def loopback_up():
+    """Bring up 'lo' in this (new, empty) network namespace."""
+    import fcntl
+    import socket
+    import struct
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14s", b"lo", 0, b"")
+        flags = struct.unpack("16sH14s", fcntl.ioctl(sock, SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+
+
+def scrub_own_environ_and_argv():
+    """Zero this process's environment and argument blocks in memory, so /proc/<pid>/environ
+    and /proc/<pid>/cmdline of a forked helper reveal nothing of the operator's."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    # after the comm field: arg_start is field 48, arg_end 49, env_start 50, env_end 51
+    arg_start, arg_end, env_start, env_end = (int(fields[i - 3]) for i in (48, 49, 50, 51))
+    for start, end in ((env_start, env_end), (arg_start, arg_end)):
+        if 0 < start < end:
+            ctypes.memset(start, 0, end - start)
 
 
 def machine():

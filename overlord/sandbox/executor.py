@@ -20,10 +20,14 @@ ENV_ALLOW = {"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def sandbox_env(environ=None):
+def sandbox_env(environ=None, jailed=False):
+    """The command's environment: the allowlist only; in a jail, HOME is the private /tmp
+    (the real one does not exist there) and OVERLORD_JAIL=1 says where it runs."""
     environ = os.environ if environ is None else environ
     env = {k: v for k, v in environ.items() if k in ENV_ALLOW or k.startswith("LC_")}
     env.setdefault("PATH", DEFAULT_PATH)
+    if jailed:
+        env.update(HOME="/tmp", OVERLORD_JAIL="1")
     return env
 
 
@@ -40,10 +44,14 @@ class Launch:
     env: dict
     timeout: float = None
     pty_slave: int = None           # an fd to make the controlling terminal (shell)
+    tty_path: str = None            # the pty slave's path as the command's namespace sees it
     trace_fd: int = None            # write end of the strace output pipe
     mount_point: str = None         # where the merged view appears (fuse); the target (kernel)
     hide: tuple = ()                # directories the command must not reach (OVERLORD_HOME)
     seccomp: bytes = None           # encoded filter; the starter installs it with the rest
+    net: str = "host"               # "none": a private, empty network namespace
+    jail: list = None               # jail.Op list: pivot_root into it (kernel backend)
+    newroot: str = None             # an empty dir to build the jail's root on
     on_forked: object = None        # parent-side hook right after the first fork (trace reader)
 
 
@@ -97,7 +105,7 @@ def spawn_command(launch, cwd):
     actions = []
     if launch.pty_slave is not None:
         # a session leader opening a tty (without O_NOCTTY) makes it its controlling terminal
-        actions.append((os.POSIX_SPAWN_OPEN, 0, os.ttyname(launch.pty_slave), os.O_RDWR, 0))
+        actions.append((os.POSIX_SPAWN_OPEN, 0, launch.tty_path, os.O_RDWR, 0))
         actions += [(os.POSIX_SPAWN_DUP2, 0, 1), (os.POSIX_SPAWN_DUP2, 0, 2)]
     if trace is not None:
         if trace == TRACE_FD:

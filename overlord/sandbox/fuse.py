@@ -95,6 +95,8 @@ def _run(spec):
     if pid == 0:
         try:
             os.close(errr)
+            libc.prctl(libc.PR_SET_DUMPABLE, 0)      # a copy of the caller: keep its env unread
+            libc.scrub_own_environ_and_argv()
             os.setpgid(0, 0)
             # Orphans are re-parented to us, so the whole tree can be ended with the command.
             libc.prctl(libc.PR_SET_CHILD_SUBREAPER, 1)

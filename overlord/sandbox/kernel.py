@@ -16,7 +16,7 @@ import tempfile
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
-from overlord.sandbox import executor, harden
+from overlord.sandbox import executor, harden, jail
 
 NAME = "kernel"
 
@@ -84,6 +84,9 @@ def _init_process(launch, errw, from_parent):
     try:
         # die with the caller; as PID 1 our death takes every process in the namespace along
         libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+        # we are a copy of the caller: nothing of its environment may be read through us
+        libc.prctl(libc.PR_SET_DUMPABLE, 0)
+        libc.scrub_own_environ_and_argv()
         os.setpgid(0, 0)          # out of the caller's process group: the caller forwards ^C
         if os.read(from_parent, 1) != b"g":     # wait for our uid/gid maps
             os._exit(125)
@@ -91,7 +94,11 @@ def _init_process(launch, errw, from_parent):
         # private propagation first, so nothing we mount leaks back to the host
         libc.mount(None, "/", None, libc.MS_REC | libc.MS_PRIVATE)
         mount_overlay(launch, launch.target)
-        for path in launch.hide:
+        if launch.net == "none":
+            libc.loopback_up()
+        if launch.jail is not None:
+            jail.build(launch.jail, launch.newroot)
+        for path in () if launch.jail is not None else launch.hide:
             # the session's records and layers: an empty read-only directory from inside
             libc.mount("tmpfs", path, "tmpfs", libc.MS_RDONLY | libc.MS_NOSUID | libc.MS_NODEV |
                        libc.MS_NOEXEC, "size=4k,mode=000")
@@ -111,7 +118,7 @@ def launch(spec):
     errr, errw = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
     try:
-        pid = libc.clone_namespaces(NAMESPACES)
+        pid = libc.clone_namespaces(NAMESPACES | (libc.CLONE_NEWNET if spec.net == "none" else 0))
     except OSError as exc:
         for fd in (errr, errw, down_r, down_w):
             os.close(fd)
