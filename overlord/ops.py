@@ -217,7 +217,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_forked=
         trace_fd=recorder.write_fd if recorder else None,
         mount_point=session.path("merged"), hide=(store.home(),), net=net,
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
-        seccomp=harden.filter_bytes(allow_ptrace=bool(trace)),
+        hardening=harden.prepare(allow_ptrace=bool(trace)),
         on_forked=_hooks(recorder.start if recorder else None, on_forked))
     # the command runs as our uid: it must not read our environment through /proc either
     libc.prctl(libc.PR_SET_DUMPABLE, 0)

@@ -62,6 +62,7 @@ def libc():
         except OSError:
             _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.syscall.restype = ctypes.c_long
+        _libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
     return _libc
 
 
@@ -90,8 +91,7 @@ def umount2(target, flags=0):
 
 
 def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):
-    return _check(libc().prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3),
-                               ctypes.c_ulong(arg4), ctypes.c_ulong(arg5)), "prctl")
+    return _check(libc().prctl(option, arg2, arg3, arg4, arg5), "prctl")
 
 
 SYS_clone = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
@@ -143,10 +143,14 @@ SYS_capset = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
-def capset_zero():
+def capset_zero_args():
+    """The arguments for capset_zero, built ahead of time."""
+    return (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)()
+
+
+def capset_zero(args=None):
     """Empty the effective, permitted and inheritable capability sets of this thread."""
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
+    header, data = args or capset_zero_args()
     _check(_syscall(SYS_capset, header, data), "capset")
 
 
@@ -199,16 +203,14 @@ def loopback_up():
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
 
 
-def scrub_own_environ_and_argv():
-    """Zero this process's environment and argument blocks in memory, so /proc/<pid>/environ
-    and /proc/<pid>/cmdline of a forked helper reveal nothing of the operator's."""
+def own_environ_and_argv_blocks():
+    """[(address, size)] of this process's environment and argument blocks (a forked copy
+    has them at the same addresses)."""
     with open("/proc/self/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     # after the comm field: arg_start is field 48, arg_end 49, env_start 50, env_end 51
     arg_start, arg_end, env_start, env_end = (int(fields[i - 3]) for i in (48, 49, 50, 51))
-    for start, end in ((env_start, env_end), (arg_start, arg_end)):
-        if 0 < start < end:
-            ctypes.memset(start, 0, end - start)
+    return [(s, e - s) for s, e in ((env_start, env_end), (arg_start, arg_end)) if 0 < s < e]
 
 
 def machine():

@@ -10,7 +10,6 @@ import errno
 import platform
 import struct
 
-from overlord.linux import libc
 
 # struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];
 OFF_NR, OFF_ARCH, OFF_ARGS = 0, 4, 16
@@ -117,12 +116,5 @@ def encode(prog):
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
-class _SockFprog(ctypes.Structure):
+class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def install(code_bytes):
-    """Load an encoded filter into this process (no_new_privs must already be set)."""
-    buf = ctypes.create_string_buffer(code_bytes, len(code_bytes))
-    prog = _SockFprog(len(code_bytes) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog))

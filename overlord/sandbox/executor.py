@@ -48,7 +48,7 @@ class Launch:
     trace_fd: int = None            # write end of the strace output pipe
     mount_point: str = None         # where the merged view appears (fuse); the target (kernel)
     hide: tuple = ()                # directories the command must not reach (OVERLORD_HOME)
-    seccomp: bytes = None           # encoded filter; the starter installs it with the rest
+    hardening: object = None        # harden.Hardening, applied by the process that starts it
     net: str = "host"               # "none": a private, empty network namespace
     jail: list = None               # jail.Op list: pivot_root into it (kernel backend)
     newroot: str = None             # an empty dir to build the jail's root on

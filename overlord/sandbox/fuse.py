@@ -10,7 +10,7 @@ import subprocess
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
-from overlord.sandbox import executor, harden
+from overlord.sandbox import executor
 
 NAME = "fuse"
 
@@ -95,12 +95,11 @@ def _run(spec):
     if pid == 0:
         try:
             os.close(errr)
-            libc.prctl(libc.PR_SET_DUMPABLE, 0)      # a copy of the caller: keep its env unread
-            libc.scrub_own_environ_and_argv()
+            spec.hardening.hide_caller()
             os.setpgid(0, 0)
             # Orphans are re-parented to us, so the whole tree can be ended with the command.
             libc.prctl(libc.PR_SET_CHILD_SUBREAPER, 1)
-            harden.apply(spec.seccomp)
+            spec.hardening.apply()
             child = executor.spawn_command(spec, _translate_cwd(spec))
             os.close(errw)
             code = executor.reap_until(child)

@@ -84,9 +84,7 @@ def _init_process(launch, errw, from_parent):
     try:
         # die with the caller; as PID 1 our death takes every process in the namespace along
         libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
-        # we are a copy of the caller: nothing of its environment may be read through us
-        libc.prctl(libc.PR_SET_DUMPABLE, 0)
-        libc.scrub_own_environ_and_argv()
+        launch.hardening.hide_caller()
         os.setpgid(0, 0)          # out of the caller's process group: the caller forwards ^C
         if os.read(from_parent, 1) != b"g":     # wait for our uid/gid maps
             os._exit(125)
@@ -102,7 +100,7 @@ def _init_process(launch, errw, from_parent):
             # the session's records and layers: an empty read-only directory from inside
             libc.mount("tmpfs", path, "tmpfs", libc.MS_RDONLY | libc.MS_NOSUID | libc.MS_NODEV |
                        libc.MS_NOEXEC, "size=4k,mode=000")
-        harden.apply(launch.seccomp)
+        launch.hardening.apply()
         pid = executor.spawn_command(launch, launch.cwd)
         os.close(errw)
         for fd in (0, 1, 2):
@@ -157,7 +155,7 @@ def probe():
         spec = executor.Launch(target=dirs["lower"], lowers=[dirs["lower"]], upper=dirs["upper"],
                                work=dirs["work"], argv=["true"], cwd="/",
                                env={"PATH": executor.DEFAULT_PATH},
-                               seccomp=harden.filter_bytes(allow_ptrace=False))
+                               hardening=harden.prepare())
         try:
             outcome = launch(spec)
             error = None if outcome.exit_code == 0 else f"probe exited {outcome.exit_code}"

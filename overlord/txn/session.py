@@ -71,13 +71,14 @@ class Session:
     # -- sealing ---------------------------------------------------------------------------
 
     def prepare_upper(self):
-        """A fresh, empty upper and work dir for the next command. The upper's root is what
-        the command sees as the tree root: it takes the mode (and owner) the view has now."""
-        for name in ("upper", "work"):
-            p = self.path(name)
-            if os.path.lexists(p):
-                remove_tree(p)
-            os.mkdir(p, 0o700)
+        """A fresh, empty upper (and a work dir, which overlay empties itself on every mount)
+        for the next command. The upper's root is what the command sees as the tree root: it
+        takes the mode (and owner) the view has now."""
+        if os.path.lexists(self.path("upper")):
+            remove_tree(self.path("upper"))
+        os.mkdir(self.path("upper"), 0o700)
+        if not os.path.isdir(self.path("work")):
+            os.mkdir(self.path("work"), 0o700)
         layers = self.layer_dirs()
         top = L.read_root(layers[-1]) if layers else os.lstat(self.target)
         upper = self.path("upper")
@@ -91,7 +92,6 @@ class Session:
         anything. Returns the new layer's index, or None when the command wrote nothing.
         Cost grows with what the command wrote (and the stack depth), not with the tree."""
         upper = self.path("upper")
-        remove_tree(self.path("work"))
         index = len(self.meta["layers"])
         modes = L.open_up(upper)
         fresh = L.read_layer(upper, self.dialect, index, modes)
