@@ -12,14 +12,14 @@ import time
 
 from overlord.linux import libc
 from overlord.errors import LaunchError, NotFound, OverlordError, UsageError
-from overlord.sandbox import backends, executor, harden, jail
+from overlord.sandbox import backends, executor, harden, jail, limits
 from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
 from overlord.txn import locks, replay, store
 from overlord.txn.session import Session, open_stamp_ns, remove_tree
 
-GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool}
+GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
 NET_VALUES = ("host", "none")
 
 
@@ -57,14 +57,18 @@ def validate_grants(grants, where="grants"):
             raise UsageError(f"{where}: net must be one of {', '.join(NET_VALUES)}")
         if key == "timeout" and value <= 0:
             raise UsageError(f"{where}: timeout must be a positive number of seconds")
+        if key == "limits":
+            value = limits.validate(value, f"{where}: limits")
         out[key] = value
     return out
 
 
-def merge_grants(manifest, flags):
-    """Flags override the manifest."""
+def merge_grants(manifest, flags, limit_flags=()):
+    """Flags override the manifest (each --limit key over the manifest's value for it)."""
     grants = dict(manifest or {})
-    grants.update({k: v for k, v in validate_grants(flags, "flags").items()})
+    grants.update(validate_grants(flags, "flags"))
+    if limit_flags:
+        grants["limits"] = limits.parse(limit_flags, grants.get("limits"))
     return grants
 
 
@@ -117,7 +121,7 @@ class RunResult:
 
 
 def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, stack=False,
-        pty_slave=None, cause=None, on_forked=None):
+        pty_slave=None, cause=None, on_child=None):
     """Open a session on target, run one command in it, leave it pending. Returns RunResult."""
     if not argv:
         raise UsageError("missing command after --")
@@ -143,7 +147,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
         session = _create_session(target, mod, grants, argv, trace)
         try:
             outcome, count = _execute(session, mod, argv, cause or command_cause(argv),
-                                      pty_slave=pty_slave, on_forked=on_forked)
+                                      pty_slave=pty_slave, on_child=on_child)
         except LaunchError:
             remove_tree(session.dir)      # a launch that failed leaves no half-made session
             raise
@@ -169,6 +173,9 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False):
     session = get_session(sid)
     if session.meta["state"] not in store.OPEN_STATES:
         raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
+    if session.meta.get("limit"):
+        raise OverlordError(f"session {sid} crossed its {session.meta['limit']} grant and can run "
+                            "nothing more; review it, then commit or roll it back")
     mod = backends.get(session.dialect)
     with locks.TargetLock(session.target, wait=wait):
         before = len(session.meta["layers"])
@@ -193,22 +200,44 @@ def _create_session(target, mod, grants, argv, trace):
     meta = {"sid": sid, "target": target, "backend": mod.NAME, "state": "running",
             "created": time.time(), "open_stamp_ns": open_stamp_ns(), "grants": grants,
             "merge_base": bool(grants.get("merge_base")), "trace": trace,
-            "command": shlex.join(argv), "layers": [], "uid": os.getuid()}
+            "command": shlex.join(argv), "layers": [], "uid": os.getuid(),
+            "enforcement": enforcement(grants)}
     session = Session(meta)
     session.save()
     return session
 
 
-def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_forked=None):
+def enforcement(grants):
+    """Which layers will hold the session's resource grants on this host."""
+    kind, why = limits.cgroup_kind()
+    return {"rlimits": True, "cgroup": kind, "cgroup_reason": None if kind else why,
+            "disk_watch": True, "not_enforced": limits.not_enforced(grants.get("limits"), kind)}
+
+
+def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=None):
     """Run one command over the session's stack, under the session's grants, and seal what
     it wrote as a new layer."""
     grants, trace = session.meta["grants"], session.meta.get("trace")
     jailed, net = bool(grants.get("jail")), grants.get("net", "host")
+    granted = limits.effective(grants.get("limits"))
     upper, work = session.prepare_upper()
     recorder = Recorder(session.path("syscalls.jsonl")) if trace else None
     tty = os.ttyname(pty_slave) if pty_slave is not None else None
     if jailed:
         os.makedirs(session.path("root"), exist_ok=True)
+    cgroup = limits.Cgroup(f"{session.sid}-{len(session.meta['layers'])}", grants.get("limits"))
+    cgroup.create()
+    child = {}
+    used = sum(layer.get("bytes", 0) for layer in session.meta["layers"])
+    disk_left = max(1, granted["disk_mb"] * limits.MiB - used) if granted["disk_mb"] else 0
+    disk = limits.DiskWatch(upper, disk_left, lambda: mod.terminate(child["pid"]))
+
+    def started(pid):
+        child["pid"] = pid
+        cgroup.add(pid)
+        for hook in (recorder.start if recorder else None, disk.start, on_child):
+            if hook:
+                hook()
     spec = executor.Launch(
         target=session.target, lowers=list(reversed(session.layer_dirs())) + [session.target],
         upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
@@ -217,8 +246,8 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_forked=
         trace_fd=recorder.write_fd if recorder else None,
         mount_point=session.path("merged"), hide=(store.home(),), net=net,
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
-        hardening=harden.prepare(allow_ptrace=bool(trace)),
-        on_forked=_hooks(recorder.start if recorder else None, on_forked))
+        hardening=harden.prepare(allow_ptrace=bool(trace)), on_child=started,
+        rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left))
     # the command runs as our uid: it must not read our environment through /proc either
     libc.prctl(libc.PR_SET_DUMPABLE, 0)
     try:
@@ -230,13 +259,21 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_forked=
         remove_tree(work)
         raise
     finally:
+        crossed = disk.stop()
+        cgroup.remove()
         for scratch in ("merged", "root"):
             if os.path.isdir(session.path(scratch)) and not os.path.ismount(session.path(scratch)):
                 os.rmdir(session.path(scratch))
     count = recorder.finish() if recorder else None
     if count is not None:
         cause = dict(cause, syscalls=count)
-    session.seal(cause)
+    if crossed:
+        outcome = executor.Outcome(limits.DISK_EXIT, outcome.timed_out)
+        session.meta["limit"] = "disk_mb"
+        cause = dict(cause, limit="disk_mb")
+    index = session.seal(cause)
+    if index is not None:
+        session.meta["layers"][index]["bytes"] = limits.layer_bytes(session.layer_dirs()[index])
     return outcome, count
 
 

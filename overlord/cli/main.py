@@ -60,6 +60,9 @@ def build_parser():
                    help="keep base copies of touched files so commit --merge can three-way merge")
     r.add_argument("--jail", action="store_true", default=None, help="pivot_root jail (kernel backend)")
     r.add_argument("--net", choices=("none", "host"), help="network grant")
+    r.add_argument("--limit", action="append", metavar="KEY=N", default=[],
+                   help="resource grant (memory_mb, pids, cpu_pct, disk_mb, fsize_mb, nofile; "
+                   "0 = unlimited); repeatable")
     r.add_argument("--trace", metavar="strace|ebpf", help="record syscalls (default recorder: strace)")
     r.add_argument("--wait", action="store_true", help="queue behind a session executing on the target")
     r.add_argument("--stack", action="store_true", help="open even though another session is pending here")
@@ -147,7 +150,7 @@ def _grants(args):
     manifest = ops.load_manifest(args.manifest) if getattr(args, "manifest", None) else {}
     flags = {"jail": getattr(args, "jail", None), "net": getattr(args, "net", None),
              "timeout": getattr(args, "timeout", None), "merge_base": getattr(args, "merge_base", None)}
-    return ops.merge_grants(manifest, flags)
+    return ops.merge_grants(manifest, flags, getattr(args, "limit", ()))
 
 
 def cmd_run(args, cmd):

@@ -73,7 +73,7 @@ def run_shell(args):
     tty.setraw(sys.stdin.fileno(), termios.TCSADRAIN)     # keep what was typed ahead
     try:
         result = ops.run(_shell_argv(True), target=args.target, backend=args.backend, wait=args.wait,
-                         stack=args.stack, pty_slave=slave, on_forked=started,
+                         stack=args.stack, pty_slave=slave, on_child=started,
                          cause={"kind": "command", "command": "shell"})
         relay.thread.join(timeout=2)
     finally:

@@ -52,7 +52,9 @@ class Launch:
     net: str = "host"               # "none": a private, empty network namespace
     jail: list = None               # jail.Op list: pivot_root into it (kernel backend)
     newroot: str = None             # an empty dir to build the jail's root on
-    on_forked: object = None        # parent-side hook right after the first fork (trace reader)
+    on_child: object = None         # caller-side hook(pid) once the child exists, before it
+                                    # may start the command (cgroup, trace reader, watchers)
+    rlimits: list = ()              # [(resource, value)] set before the command starts
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ import subprocess
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
-from overlord.sandbox import executor
+from overlord.sandbox import executor, limits
 
 NAME = "fuse"
 
@@ -82,6 +82,11 @@ def launch(spec):
         unmount(spec.mount_point)
 
 
+def terminate(pid):
+    """End a command and every descendant (orphans were re-parented to its starter)."""
+    executor.kill_tree(pid, include_root=True)
+
+
 def _translate_cwd(spec):
     rel = os.path.relpath(spec.cwd, spec.target)
     if rel == "." or not rel.startswith(".."):
@@ -91,14 +96,19 @@ def _translate_cwd(spec):
 
 def _run(spec):
     errr, errw = os.pipe2(os.O_CLOEXEC)
+    down_r, down_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         try:
             os.close(errr)
+            os.close(down_w)
             spec.hardening.hide_caller()
             os.setpgid(0, 0)
             # Orphans are re-parented to us, so the whole tree can be ended with the command.
             libc.prctl(libc.PR_SET_CHILD_SUBREAPER, 1)
+            if os.read(down_r, 1) != b"g":       # wait until the caller placed us (cgroup)
+                os._exit(125)
+            limits.apply_rlimits(spec.rlimits)
             spec.hardening.apply()
             child = executor.spawn_command(spec, _translate_cwd(spec))
             os.close(errw)
@@ -108,8 +118,18 @@ def _run(spec):
         except BaseException as exc:  # noqa: BLE001
             executor.report_and_exit(errw, exc)
     os.close(errw)
-    if spec.on_forked:
-        spec.on_forked()
+    os.close(down_r)
+    try:
+        if spec.on_child:
+            spec.on_child(pid)
+        os.write(down_w, b"g")
+    except BaseException:
+        executor.kill_tree(pid, include_root=True)
+        os.waitpid(pid, 0)
+        os.close(errr)
+        raise
+    finally:
+        os.close(down_w)
     error = executor.read_all(errr)
 
     return executor.supervise(pid, error, spec.timeout,

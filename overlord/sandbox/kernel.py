@@ -16,7 +16,7 @@ import tempfile
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
-from overlord.sandbox import executor, harden, jail
+from overlord.sandbox import executor, harden, jail, limits
 
 NAME = "kernel"
 
@@ -100,6 +100,7 @@ def _init_process(launch, errw, from_parent):
             # the session's records and layers: an empty read-only directory from inside
             libc.mount("tmpfs", path, "tmpfs", libc.MS_RDONLY | libc.MS_NOSUID | libc.MS_NODEV |
                        libc.MS_NOEXEC, "size=4k,mode=000")
+        limits.apply_rlimits(launch.rlimits)
         launch.hardening.apply()
         pid = executor.spawn_command(launch, launch.cwd)
         os.close(errw)
@@ -128,20 +129,31 @@ def launch(spec):
     os.close(errw)
     os.close(down_r)
     try:
-        _write_id_maps(pid)
+        try:
+            _write_id_maps(pid)
+        except OSError as exc:
+            raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
+        if spec.on_child:
+            spec.on_child(pid)     # e.g. join the cgroup: before the command can start
         os.write(down_w, b"g")
-    except OSError as exc:
+    except BaseException:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(errr)
-        raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
+        raise
     finally:
         os.close(down_w)
-    if spec.on_forked:
-        spec.on_forked()
     error = executor.read_all(errr)
     return executor.supervise(pid, error, spec.timeout, lambda: os.kill(pid, signal.SIGKILL),
                               lambda: pid)
+
+
+def terminate(pid):
+    """End a command and everything it started: PID 1 dies, and its namespace with it."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def probe():
