@@ -13,6 +13,7 @@ import time
 from overlord.linux import libc
 from overlord.errors import LaunchError, NotFound, OverlordError, UsageError
 from overlord.sandbox import backends, executor, harden, jail, limits
+from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
@@ -132,8 +133,10 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     if trace not in (None, "strace", "ebpf"):
         raise UsageError(f"--trace takes strace or ebpf, not {trace!r}")
     if trace == "ebpf":
-        raise OverlordError("--trace ebpf is not available yet; use --trace strace")
-    if trace and not shutil.which("strace"):
+        ok, why = trace_ebpf.available()
+        if not ok or mod.NAME != "kernel":
+            raise OverlordError(f"--trace ebpf is unavailable: {why if not ok else 'needs the kernel backend'}")
+    if trace == "strace" and not shutil.which("strace"):
         raise OverlordError("--trace needs strace; install it (apt-get install strace)")
     store.ensure_home()
     with locks.TargetLock(target, wait=wait):
@@ -221,7 +224,8 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     jailed, net = bool(grants.get("jail")), grants.get("net", "host")
     granted = limits.effective(grants.get("limits"))
     upper, work = session.prepare_upper()
-    recorder = Recorder(session.path("syscalls.jsonl")) if trace else None
+    recorder = Recorder(session.path("syscalls.jsonl")) if trace == "strace" else None
+    ebpf = trace_ebpf.EbpfRecorder(session.path("syscalls.jsonl")) if trace == "ebpf" else None
     tty = os.ttyname(pty_slave) if pty_slave is not None else None
     if jailed:
         os.makedirs(session.path("root"), exist_ok=True)
@@ -235,6 +239,8 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     def started(pid):
         child["pid"] = pid
         cgroup.add(pid)
+        if ebpf:
+            ebpf.attach(pid)        # before the command may start; refuses to run without it
         for hook in (recorder.start if recorder else None, disk.start, on_child):
             if hook:
                 hook()
@@ -246,15 +252,16 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         trace_fd=recorder.write_fd if recorder else None,
         mount_point=session.path("merged"), hide=(store.home(),), net=net,
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
-        hardening=harden.prepare(allow_ptrace=bool(trace)), on_child=started,
+        hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
         rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left))
     # the command runs as our uid: it must not read our environment through /proc either
     libc.prctl(libc.PR_SET_DUMPABLE, 0)
     try:
         outcome = mod.launch(spec)
     except BaseException:
-        if recorder:
-            recorder.finish()
+        for rec in (recorder, ebpf):
+            if rec:
+                rec.finish()
         remove_tree(upper)
         remove_tree(work)
         raise
@@ -264,7 +271,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         for scratch in ("merged", "root"):
             if os.path.isdir(session.path(scratch)) and not os.path.ismount(session.path(scratch)):
                 os.rmdir(session.path(scratch))
-    count = recorder.finish() if recorder else None
+    count = (recorder or ebpf).finish() if (recorder or ebpf) else None
     if count is not None:
         cause = dict(cause, syscalls=count)
     if crossed:
@@ -469,18 +476,45 @@ class DoctorReport:
     tools: dict               # name -> path or None
     home: str
     in_jail: bool
+    containment: dict         # layer -> (available, what it means here)
 
 
 def doctor():
     probes = backends.probe_all()
     forced = os.environ.get("OVERLORD_TEST_BACKEND")
-    active = None
     if forced in probes and probes[forced][0]:
         active = forced
     else:
         active = next((n for n, (ok, _) in probes.items() if ok), None)
-    tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "git")}
-    return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1")
+    tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
+    return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
+                        containment_layers(probes["kernel"][0], tools))
+
+
+def containment_layers(kernel_ok, tools):
+    """What each grant will mean on this host."""
+    kind, why = limits.cgroup_kind()
+    unenforced = limits.not_enforced({}, kind)
+    try:
+        harden.prepare()
+        seccomp_row = (True, f"filter for {libc.machine()}: mount, unshare, bpf, ptrace, ... refused")
+    except OSError as exc:
+        seccomp_row = (False, exc.strerror)
+    ebpf_ok, ebpf_why = trace_ebpf.available()
+    return {
+        "jail": (kernel_ok, "pivot_root jail on the kernel backend" if kernel_ok
+                 else "needs the kernel backend; the fuse backend refuses --jail"),
+        "net none": (kernel_ok, "a private, empty network namespace" if kernel_ok
+                     else "needs the kernel backend; the fuse backend refuses --net none"),
+        "hardening": seccomp_row,
+        "rlimits": (True, "processes, file size, open files" +
+                    ("" if kind else ", data segment (memory)") + " in every command"),
+        "cgroup": (kind is not None, f"cgroup {kind}: memory, pids, cpu around each command"
+                   if kind else f"none ({why}); not enforced: {', '.join(unenforced)}"),
+        "disk watch": (True, "each command's layer measured while it runs (exit 122 past the grant)"),
+        "trace strace": (bool(tools.get("strace")), tools.get("strace") or "strace is not installed"),
+        "trace ebpf": (ebpf_ok, ebpf_why),
+    }
 
 
 __all__ = ["run", "diff", "log", "commit", "rollback", "sessions", "doctor", "load_manifest",

@@ -235,13 +235,17 @@ def cmd_doctor(args):
         R.dump_json({"backends": {n: {"available": ok, "reason": why} for n, (ok, why) in
                                   report.backends.items()},
                      "active": report.active, "tools": report.tools, "home": report.home,
-                     "in_jail": report.in_jail})
+                     "in_jail": report.in_jail,
+                     "containment": {n: {"available": ok, "detail": d}
+                                     for n, (ok, d) in report.containment.items()}})
         return 0
     if report.in_jail:
         print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
     for name, (ok, why) in report.backends.items():
         print(f"{name} backend ({why}): available" if ok else f"{name} backend: unavailable ({why})")
     print(f"active backend: {report.active or 'none'}")
+    for name, (ok, detail) in report.containment.items():
+        print(f"{name}: {'yes' if ok else 'no'} ({detail})")
     for tool, path in report.tools.items():
         print(f"{tool}: {path or 'not found'}")
     print(f"home: {R.escape_path(report.home)}")
