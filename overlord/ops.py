@@ -229,8 +229,9 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     tty = os.ttyname(pty_slave) if pty_slave is not None else None
     if jailed:
         os.makedirs(session.path("root"), exist_ok=True)
-    cgroup = limits.Cgroup(f"{session.sid}-{len(session.meta['layers'])}", grants.get("limits"))
+    cgroup = limits.Cgroup(session.sid, grants.get("limits"))
     cgroup.create()
+    cgroup.enter()
     child = {}
     used = sum(layer.get("bytes", 0) for layer in session.meta["layers"])
     disk_left = max(1, granted["disk_mb"] * limits.MiB - used) if granted["disk_mb"] else 0
@@ -238,10 +239,9 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
 
     def started(pid):
         child["pid"] = pid
-        cgroup.add(pid)
         if ebpf:
             ebpf.attach(pid)        # before the command may start; refuses to run without it
-        for hook in (recorder.start if recorder else None, disk.start, on_child):
+        for hook in (recorder.start if recorder else None, on_child):
             if hook:
                 hook()
     spec = executor.Launch(
@@ -253,6 +253,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         mount_point=session.path("merged"), hide=(store.home(),), net=net,
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
         hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
+        watch=disk.poll if disk.budget else None,
         rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left))
     try:
         outcome = mod.launch(spec)
@@ -265,7 +266,6 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         raise
     finally:
         crossed = disk.stop()
-        cgroup.remove()
         for scratch in ("merged", "root"):
             if os.path.isdir(session.path(scratch)) and not os.path.ismount(session.path(scratch)):
                 os.rmdir(session.path(scratch))
@@ -425,7 +425,9 @@ def rollback(sid):
 
 
 def _drop_working_files(session):
-    """Keep the small record (meta, provenance, syscalls); drop layers and scratch dirs."""
+    """Keep the small record (meta, provenance, syscalls); drop layers, scratch dirs and the
+    session's cgroup."""
+    limits.Cgroup(session.sid, None).remove()
     for name in ("layers", "upper", "work", "merged", "base"):
         remove_tree(session.path(name))
 
@@ -507,7 +509,7 @@ def containment_layers(kernel_ok, tools):
         "hardening": seccomp_row,
         "rlimits": (True, "processes, file size, open files" +
                     ("" if kind else ", data segment (memory)") + " in every command"),
-        "cgroup": (kind is not None, f"cgroup {kind}: memory, pids, cpu around each command"
+        "cgroup": (kind is not None, f"cgroup {kind}: memory, pids, cpu around each session"
                    if kind else f"none ({why}); not enforced: {', '.join(unenforced)}"),
         "disk watch": (True, "each command's layer measured while it runs (exit 122 past the grant)"),
         "trace strace": (bool(tools.get("strace")), tools.get("strace") or "strace is not installed"),

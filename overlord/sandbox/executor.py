@@ -55,6 +55,7 @@ class Launch:
     on_child: object = None         # caller-side hook(pid) once the child exists, before it
                                     # may start the command (cgroup, trace reader, watchers)
     rlimits: list = ()              # [(resource, value)] set before the command starts
+    watch: object = None            # called every 0.1 s while the command runs (disk grant)
 
 
 @dataclasses.dataclass
@@ -214,26 +215,29 @@ def read_all(fd):
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def wait_child(pid, timeout, on_timeout):
-    """Wait for a child; past the timeout call on_timeout() once and keep waiting."""
+def wait_child(pid, timeout, on_timeout, watch=None, interval=0.1):
+    """Wait for a child. Past the timeout call on_timeout() once; every interval call watch()
+    (e.g. the disk grant), which may end the child itself. Then reap it."""
     timed_out = False
-    if timeout:
+    if timeout or watch:
         import select
         pidfd = os.pidfd_open(pid)
         try:
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + timeout if timeout else None
             while True:
-                left = deadline - time.monotonic()
+                left = deadline - time.monotonic() if deadline else interval
                 if left <= 0:
                     timed_out = True
                     on_timeout()
                     break
                 try:
-                    ready, _, _ = select.select([pidfd], [], [], left)
+                    ready, _, _ = select.select([pidfd], [], [], min(left, interval) if watch else left)
                 except InterruptedError:
                     continue
                 if ready:
                     break
+                if watch:
+                    watch()
         finally:
             os.close(pidfd)
     while True:
@@ -254,7 +258,7 @@ def make_removable(path):
                 pass
 
 
-def supervise(pid, error, timeout, kill_all, signal_target):
+def supervise(pid, error, timeout, kill_all, signal_target, watch=None):
     """Parent side of a launch: raise a setup error, else wait (forwarding signals)."""
     from overlord.errors import LaunchError
     if error:
@@ -269,7 +273,7 @@ def supervise(pid, error, timeout, kill_all, signal_target):
             pass
     saved = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        code, timed_out = wait_child(pid, timeout, kill_all)
+        code, timed_out = wait_child(pid, timeout, kill_all, watch)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

@@ -134,5 +134,5 @@ def _run(spec):
         os.close(down_w)
     error = executor.read_all(errr)
 
-    return executor.supervise(pid, error, spec.timeout,
-                              lambda: executor.kill_tree(pid, include_root=True), lambda: pid)
+    return executor.supervise(pid, error, spec.timeout, lambda: terminate(pid), lambda: pid,
+                              spec.watch)

@@ -150,8 +150,8 @@ def launch(spec):
     finally:
         os.close(down_w)
     error = executor.read_all(errr)
-    return executor.supervise(pid, error, spec.timeout, lambda: os.kill(pid, signal.SIGKILL),
-                              lambda: pid)
+    return executor.supervise(pid, error, spec.timeout, lambda: terminate(pid), lambda: pid,
+                              spec.watch)
 
 
 def terminate(pid):

@@ -13,15 +13,18 @@ CLOCK_REALTIME_COARSE = 5
 
 
 def open_stamp_ns():
-    """The session's open stamp on the kernel's coarse clock, which is what inode times use.
+    """The session's open stamp, on the kernel's coarse clock: inode times are taken from it
+    (or, with multigrain timestamps, from a finer clock that never runs behind it).
 
-    Wait for the next tick, so a change made before the session opened has a ctime strictly
-    below the stamp and a change made after it has a ctime at or above it (compare with >=).
+    A change after the stamp was read gets a ctime at or above it (compare with >=). To also
+    keep every change made before opening strictly below it, wait until the coarse clock has
+    passed the precise time at which opening began — it lags by a tick or, on a tickless
+    idle CPU, more.
     """
-    first = time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
+    began = time.clock_gettime_ns(time.CLOCK_REALTIME)
     while True:
         now = time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
-        if now != first:
+        if now > began:
             return now
         time.sleep(0.0005)
 
