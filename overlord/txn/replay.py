@@ -117,7 +117,10 @@ class Journal:
         _fsync_dir(journal_dir())
 
     def finish(self):
-        self.data["state"] = "done"
+        """Everything is on disk: from here recovery completes the commit, never undoes it
+        (so the step list is no longer needed)."""
+        self.data = {k: v for k, v in self.data.items() if k != "steps"}
+        self.data.update(state="done", steps=[])
         self.save()
 
 

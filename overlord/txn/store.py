@@ -59,8 +59,8 @@ def write_json_atomic(path, data, mode=0o600):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True, separators=(",", ":"))
-            f.write("\n")
+            # dumps, not dump: dump streams through the slow pure-Python encoder
+            f.write(json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
