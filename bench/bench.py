@@ -5,6 +5,7 @@
 1. per-command: one command that writes one file inside an open session (launch, seal the
    layer, record provenance) vs util-linux `unshare -Urm sh -c 'mount -t overlay ...; exec true'`.
 2. open + diff + rollback of a one-file change: a 100,000-file target vs a 10-file target.
+   (and: a jailed command vs the same command unjailed, in open sessions)
 3. commit of 10,000 new small files vs `cp -a` of the same files.
 
 Figures and the machine they ran on are recorded in docs/PERFORMANCE.md.
@@ -56,6 +57,23 @@ def bench_per_command(tmp, runs, backend):
     return {"overlord_ms": median_ms(ours), "baseline_ms": median_ms(theirs),
             "ratio": median_ms(ours) / median_ms(theirs), "target": 1.5, "runs": runs,
             "baseline": "unshare -Urm sh -c 'mount -t overlay ... && exec true'"}
+
+
+def bench_jailed(tmp, runs, backend):
+    """A jailed command in an open session against the same command unjailed (and, for the
+    record, jailed and offline: --net none costs the kernel a network namespace per command)."""
+    results = {}
+    for name, grants in (("plain", {}), ("jailed", {"jail": True}),
+                         ("offline", {"jail": True, "net": "none"})):
+        target = os.path.join(tmp, f"jail-{name}")
+        os.mkdir(target)
+        sid = ops.run(["true"], target=target, backend=backend, grants=grants).sid
+        results[name] = median_ms([timed(lambda i=i: ops.exec_in(sid, ["touch", f"f{i}"]))
+                                   for i in range(runs)])
+        ops.rollback(sid)
+    return {"jailed_ms": results["jailed"], "unjailed_ms": results["plain"],
+            "jailed_net_none_ms": results["offline"],
+            "ratio": results["jailed"] / results["plain"], "target": 1.3, "runs": runs}
 
 
 def make_tree(root, files, per_dir=1000):
@@ -117,6 +135,7 @@ def main():
                           f"Linux {platform.release()}, Python {platform.python_version()}",
                "backend": args.backend,
                "per_command": bench_per_command(tmp, args.runs, args.backend),
+               "jailed": bench_jailed(tmp, args.runs, args.backend),
                "open_diff_rollback": bench_open_diff_rollback(tmp, max(10, args.runs // 4), args.backend),
                "commit_10k": bench_commit(tmp, args.backend)}
     finally:
@@ -125,9 +144,14 @@ def main():
         print(json.dumps(out, indent=2))
         return
     print(out["machine"], f"({args.backend} backend)")
-    pc, od, cm = out["per_command"], out["open_diff_rollback"], out["commit_10k"]
+    pc, od, cm, jl = out["per_command"], out["open_diff_rollback"], out["commit_10k"], out["jailed"]
     print(f"per-command       {pc['overlord_ms']:8.2f} ms vs unshare+mount {pc['baseline_ms']:8.2f} ms"
           f"  ratio {pc['ratio']:.2f} (target <= {pc['target']})")
+    print(f"jailed command    {jl['jailed_ms']:8.2f} ms vs unjailed {jl['unjailed_ms']:8.2f} ms"
+          f"  ratio {jl['ratio']:.2f} (target <= {jl['target']}); vs unshare+mount "
+          f"{jl['jailed_ms'] / pc['baseline_ms']:.2f}")
+    print(f"jailed + net none {jl['jailed_net_none_ms']:8.2f} ms  (ratio to unjailed "
+          f"{jl['jailed_net_none_ms'] / jl['unjailed_ms']:.2f}; a network namespace per command)")
     print(f"open+diff+rollback {od['large_ms']:7.2f} ms on 100k files vs {od['small_ms']:7.2f} ms on 10"
           f"  ratio {od['ratio']:.2f} (target <= {od['target']})")
     print(f"commit 10k files  {cm['overlord_ms']:8.1f} ms vs cp -a {cm['baseline_ms']:8.1f} ms"
