@@ -6,6 +6,7 @@ exactly as the external change left it (compared as a full manifest with mtimes)
 """
 import hashlib
 import os
+import shutil
 import stat
 
 import pytest
@@ -264,3 +265,17 @@ def test_merge_without_merge_base_is_a_usage_error(ovl, target):
     assert len(lines) == 1 and lines[0].startswith("overlord: ") and "--merge-base" in lines[0]
     assert snapshot(target) == before
     assert state_of(ovl, sid) == "pending"
+
+
+def test_merge_without_git_is_refused_and_changes_nothing(ovl, target, tmp_path):
+    """`commit --merge` on a host without git: one line, exit 1, the tree untouched."""
+    sid, _ = ovl.sh(target, "echo session >> hello.txt", flags=["--merge-base"])
+    (target / "hello.txt").write_text("external\n")
+    nogit = tmp_path / "nogit"
+    nogit.mkdir()
+    for tool in ("python3",):
+        os.symlink(shutil.which(tool), nogit / tool)
+    proc = ovl("commit", "--merge", sid, env={"PATH": str(nogit)})
+    assert proc.returncode == 1 and proc.err.startswith("overlord: ") and "git" in proc.err, proc.err
+    assert "Traceback" not in proc.err
+    assert (target / "hello.txt").read_text() == "external\n"
