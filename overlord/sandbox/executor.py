@@ -278,3 +278,26 @@ def supervise(pid, error, timeout, kill_all, signal_target, watch=None):
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     return Outcome(124 if timed_out else code, timed_out)
+
+
+def hand_over(pid, spec, errr, go_w, terminate, prepare=None):
+    """The caller's side once the child exists and waits for b"g": prepare it (id maps),
+    stop being dumpable (the command runs as our uid and must not read our environment),
+    run the caller's hooks (cgroup, recorders), let it go, then supervise it."""
+    from overlord.linux import libc
+    try:
+        if prepare:
+            prepare()
+        libc.prctl(libc.PR_SET_DUMPABLE, 0)
+        if spec.on_child:
+            spec.on_child(pid)
+        os.write(go_w, b"g")
+    except BaseException:
+        terminate(pid)
+        os.waitpid(pid, 0)
+        os.close(errr)
+        raise
+    finally:
+        os.close(go_w)
+    error = read_all(errr)
+    return supervise(pid, error, spec.timeout, lambda: terminate(pid), lambda: pid, spec.watch)

@@ -120,19 +120,4 @@ def _run(spec):
             executor.report_and_exit(errw, exc)
     os.close(errw)
     os.close(down_r)
-    libc.prctl(libc.PR_SET_DUMPABLE, 0)     # the command runs as our uid: keep our environ unread
-    try:
-        if spec.on_child:
-            spec.on_child(pid)
-        os.write(down_w, b"g")
-    except BaseException:
-        executor.kill_tree(pid, include_root=True)
-        os.waitpid(pid, 0)
-        os.close(errr)
-        raise
-    finally:
-        os.close(down_w)
-    error = executor.read_all(errr)
-
-    return executor.supervise(pid, error, spec.timeout, lambda: terminate(pid), lambda: pid,
-                              spec.watch)
+    return executor.hand_over(pid, spec, errr, down_w, terminate)

@@ -133,25 +133,13 @@ def launch(spec):
         _init_process(spec, errw, down_r)
     os.close(errw)
     os.close(down_r)
-    try:
+
+    def map_ids():
         try:
             _write_id_maps(pid)
         except OSError as exc:
             raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
-        libc.prctl(libc.PR_SET_DUMPABLE, 0)
-        if spec.on_child:
-            spec.on_child(pid)     # e.g. join the cgroup: before the command can start
-        os.write(down_w, b"g")
-    except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(errr)
-        raise
-    finally:
-        os.close(down_w)
-    error = executor.read_all(errr)
-    return executor.supervise(pid, error, spec.timeout, lambda: terminate(pid), lambda: pid,
-                              spec.watch)
+    return executor.hand_over(pid, spec, errr, down_w, terminate, prepare=map_ids)
 
 
 def terminate(pid):
