@@ -17,7 +17,7 @@ from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
-from overlord.txn import locks, replay, store
+from overlord.txn import history, locks, replay, store
 from overlord.txn.session import Session, open_stamp_ns, remove_tree
 
 GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
@@ -192,14 +192,18 @@ def command_cause(argv):
     return {"kind": "command", "command": shlex.join(argv)}
 
 
-def _create_session(target, mod, grants, argv, trace):
+def _new_session_dir():
     while True:
         sid = store.new_sid()
         try:
             os.mkdir(store.session_dir(sid), 0o700)
-            break
+            return sid
         except FileExistsError:
             continue
+
+
+def _create_session(target, mod, grants, argv, trace):
+    sid = _new_session_dir()
     meta = {"sid": sid, "target": target, "backend": mod.NAME, "state": "running",
             "created": time.time(), "open_stamp_ns": open_stamp_ns(), "grants": grants,
             "merge_base": bool(grants.get("merge_base")), "trace": trace,
@@ -385,7 +389,8 @@ class CommitResult:
     merged: list
 
 
-def commit(sid, force=False, merge=False):
+def commit(sid, force=False, merge=False, only=(), drop=()):
+    """Replay the session (or the savepoints chosen by cause) onto the real tree."""
     session = get_session(sid)
     state = session.meta["state"]
     if state not in store.OPEN_STATES:
@@ -394,8 +399,11 @@ def commit(sid, force=False, merge=False):
         raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
     if merge and not shutil.which("git"):
         raise OverlordError("commit --merge needs git (git merge-file); install git")
+    chosen = history.select(session, only, drop)
+    if chosen is not None and not chosen:
+        raise UsageError("the selectors leave no savepoint to commit")
     with locks.TargetLock(session.target):
-        view = session.view()
+        view = session.view(chosen)
         plan = C.plan(view, session.target)
         drifts = K.check_drift(session, view)
         merged = {}
@@ -407,7 +415,8 @@ def commit(sid, force=False, merge=False):
         K.refuse_if_drift(drifts, force)
         replay.replay(sid, session.target, view, merged, consume=True)
         session.meta.update(state="committed", committed=time.time(), forced=bool(force and drifts),
-                            merged=sorted(merged))
+                            merged=sorted(merged),
+                            committed_layers=sorted(chosen) if chosen is not None else None)
         session.save()
     _drop_working_files(session)
     return CommitResult(sid, plan, sorted(merged))
@@ -430,6 +439,62 @@ def _drop_working_files(session):
     limits.Cgroup(session.sid, None).remove()
     for name in ("layers", "upper", "work", "merged", "base"):
         remove_tree(session.path(name))
+
+
+# -- history ------------------------------------------------------------------------------------
+
+def _open_session(sid, what):
+    session = get_session(sid)
+    if session.meta["state"] not in store.OPEN_STATES:
+        raise OverlordError(f"cannot {what} session {sid}: it is {session.meta['state']}")
+    return session
+
+
+def savepoints(sid):
+    return history.savepoints(get_session(sid))
+
+
+def rewind(sid, to):
+    """Drop every savepoint above @to (refused while a command runs on the target)."""
+    session = _open_session(sid, "rewind")
+    history.check_index(session, to)
+    with locks.TargetLock(session.target):
+        session = get_session(sid)
+        return history.rewind(session, to)
+
+
+def fork(sid, at):
+    """A new pending session on the same snapshot holding a copy of the stack up to @at."""
+    session = _open_session(sid, "fork")
+    history.check_index(session, at, "--at")
+    new = _new_session_dir()
+    try:
+        newdir = store.session_dir(new)
+        os.mkdir(os.path.join(newdir, "layers"), 0o700)
+        if os.path.isdir(session.path("base")):       # --merge-base copies, shared
+            shutil.copytree(session.path("base"), os.path.join(newdir, "base"), copy_function=os.link)
+        for layer in session.meta["layers"][:at + 1]:
+            history.copy_layer(session.path("layers", layer["dir"]),
+                               os.path.join(newdir, "layers", layer["dir"]))
+        store.append_jsonl(os.path.join(newdir, "provenance.jsonl"),
+                           history.fork_records(session, at))
+        meta = {k: v for k, v in session.meta.items() if k not in ("rewinds", "limit", "exit_code")}
+        meta.update(sid=new, state="pending", created=time.time(), layers=session.meta["layers"][:at + 1],
+                    forked_from={"sid": sid, "at": at}, pid=None)
+        store.save_meta(meta)
+    except BaseException:
+        remove_tree(store.session_dir(new))
+        raise
+    return new
+
+
+def compare(a, b):
+    if a == b:
+        raise UsageError("compare needs two different sessions")
+    sa, sb = get_session(a), get_session(b)
+    for s in (sa, sb):
+        _require_layers(s)
+    return history.compare(sa, sb)
 
 
 def recover():

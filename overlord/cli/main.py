@@ -88,8 +88,37 @@ def build_parser():
     lg.add_argument("sid")
     lg.add_argument("--json", action="store_true", help="machine-readable output")
 
+    ex = sub.add_parser("exec", help="run another command inside a pending session",
+                        description="Run CMD inside a pending session, over its current stack. A "
+                        "command that writes seals a new savepoint stamped with its command line; "
+                        "one that writes nothing adds none. Its exit status is passed through.")
+    ex.add_argument("sid")
+    ex.add_argument("--timeout", type=float, metavar="S", help="kill the command after S seconds")
+    ex.add_argument("--wait", action="store_true", help="queue behind a command executing on the target")
+
+    sp = sub.add_parser("savepoints", help="the layer stack: one savepoint per command that wrote")
+    sp.add_argument("sid")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+    rw = sub.add_parser("rewind", help="discard every savepoint above @N")
+    rw.add_argument("sid")
+    rw.add_argument("--to", required=True, metavar="N", help="the savepoint to keep as the top")
+
+    fk = sub.add_parser("fork", help="a second continuation of a savepoint, as a new session")
+    fk.add_argument("sid")
+    fk.add_argument("--at", required=True, metavar="N", help="the savepoint to fork from")
+
+    cp = sub.add_parser("compare", help="where two sessions diverge, per path")
+    cp.add_argument("a")
+    cp.add_argument("b")
+    cp.add_argument("--json", action="store_true", help="machine-readable output")
+
     c = sub.add_parser("commit", help="verify no external drift, replay onto the real tree")
     c.add_argument("sid")
+    c.add_argument("--only", action="append", default=[], metavar="SEL",
+                   help="replay only these savepoints: layer:N, layer:A-B, turn:N, tool:NAME, call:ID")
+    c.add_argument("--drop", action="append", default=[], metavar="SEL",
+                   help="replay all but these savepoints (same selectors)")
     c.add_argument("--force", action="store_true", help="commit despite ordinary drift")
     c.add_argument("--merge", action="store_true", help="three-way merge non-overlapping drift "
                    "(needs a session run with --merge-base)")
@@ -141,6 +170,10 @@ def dispatch(argv):
         elif args.cmd:
             raise UsageError(f"unexpected arguments before --: {' '.join(args.cmd)}")
         return cmd_run(args, cmd)
+    if args.command == "exec":
+        if not cmd:
+            raise UsageError("missing command after --")
+        return ops.exec_in(args.sid, cmd, timeout=args.timeout, wait=args.wait).exit_code
     if cmd is not None:
         raise UsageError(f"'{args.command}' takes no command after --")
     return COMMANDS[args.command](args)
@@ -217,7 +250,7 @@ def cmd_log(args):
 
 
 def cmd_commit(args):
-    result = ops.commit(args.sid, force=args.force, merge=args.merge)
+    result = ops.commit(args.sid, force=args.force, merge=args.merge, only=args.only, drop=args.drop)
     merged = f", {len(result.merged)} merged" if result.merged else ""
     print(f"committed {args.sid}: {R.summarize(result.changes)}{merged}")
     return 0
@@ -226,6 +259,46 @@ def cmd_commit(args):
 def cmd_rollback(args):
     ops.rollback(args.sid)
     print(f"rolled back {args.sid}")
+    return 0
+
+
+def _savepoint_number(value, flag):
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"{flag} takes a savepoint number, not {value!r}") from None
+
+
+def cmd_savepoints(args):
+    points = ops.savepoints(args.sid)
+    if args.json:
+        R.dump_json(points)
+        return 0
+    for p in points:
+        n = p["paths"]
+        print(f"@{p['n']}  {n} path{'' if n == 1 else 's'}  {R.escape_path(R.cause_text(p['cause']))}")
+    return 0
+
+
+def cmd_rewind(args):
+    to = _savepoint_number(args.to, "--to")
+    dropped = ops.rewind(args.sid, to)
+    print(f"rewound {args.sid} to @{to}: {len(dropped)} savepoint{'' if len(dropped) == 1 else 's'} dropped")
+    return 0
+
+
+def cmd_fork(args):
+    print(f"session {ops.fork(args.sid, _savepoint_number(args.at, '--at'))}")
+    return 0
+
+
+def cmd_compare(args):
+    rows = ops.compare(args.a, args.b)
+    if args.json:
+        R.dump_json([{"path": p, "status": status} for p, status in rows])
+        return 0
+    for p, status in rows:
+        print(f"{status}  {R.escape_path(p)}")
     return 0
 
 
@@ -252,5 +325,6 @@ def cmd_doctor(args):
     return 0 if report.active else 1
 
 
-COMMANDS = {"shell": cmd_shell, "sessions": cmd_sessions, "diff": cmd_diff, "log": cmd_log,
+COMMANDS = {"savepoints": cmd_savepoints, "rewind": cmd_rewind, "fork": cmd_fork,
+            "compare": cmd_compare, "shell": cmd_shell, "sessions": cmd_sessions, "diff": cmd_diff, "log": cmd_log,
             "commit": cmd_commit, "rollback": cmd_rollback, "doctor": cmd_doctor}

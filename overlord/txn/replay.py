@@ -233,7 +233,9 @@ def _apply(fds, bfd, n, step, entry, merged_bytes, move, sid):
             _set_aside(fds, pfd, bfd, n, path, name, cur)
         else:
             os.link(name, str(n), src_dir_fd=pfd, dst_dir_fd=bfd, follow_symlinks=False)
-    if move and merged_bytes is None:
+    # a file another session's layer shares (a fork's hard link) is copied: moving it would
+    # make that layer and the real tree one inode
+    if move and merged_bytes is None and entry.st.st_nlink == 1:
         if _move_into_place(pfd, name, entry):
             return True
         move = False

@@ -1,0 +1,194 @@
+"""A session's history as a stack of savepoints: list, rewind, fork, compare, select by cause.
+
+Sealed layers never change, so a fork shares their files by hard links (whiteout devices
+and opaque marks are recreated), which makes it cost the number of entries, not their bytes.
+"""
+import json
+import os
+import re
+import shutil
+import stat
+import time
+
+from overlord.errors import UsageError
+from overlord.txn import changes as C
+from overlord.txn import layers as L
+from overlord.txn import store
+
+SELECTOR = re.compile(r"^(layer|turn|tool|call):(.+)$")
+
+
+def savepoints(session):
+    return [{"n": i, "paths": layer.get("paths", 0), "cause": layer.get("cause"),
+             "sealed": layer.get("sealed"), "bytes": layer.get("bytes")}
+            for i, layer in enumerate(session.meta["layers"])]
+
+
+def check_index(session, n, what="--to"):
+    count = len(session.meta["layers"])
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise UsageError(f"{what} takes a savepoint number")
+    if not 0 <= n < count:
+        span = f"@0..@{count - 1}" if count else "none: the session has no savepoints"
+        raise UsageError(f"{what} {n} is out of range (savepoints: {span})")
+    return n
+
+
+def rewind(session, to):
+    """Drop every layer above @to. The records of the dropped layers are archived, not lost:
+    a rewind is itself an act with provenance."""
+    check_index(session, to)
+    dropped = session.meta["layers"][to + 1:]
+    if not dropped:
+        return []
+    records = store.read_jsonl(session.path("provenance.jsonl"))
+    keep = [r for r in records if r.get("layer", 0) <= to]
+    tail = [r for r in records if r.get("layer", 0) > to]
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    archive = {"rewound_at": time.time(), "to": to, "layers": dropped, "provenance": tail}
+    store.write_json_atomic(session.path(f"rewound-{stamp}-{to}.json"), archive)
+    _rewrite_jsonl(session.path("provenance.jsonl"), keep)
+    session.meta["layers"] = session.meta["layers"][:to + 1]
+    session.meta.setdefault("rewinds", []).append({"at": time.time(), "to": to, "dropped": len(dropped)})
+    session.save()
+    for layer in dropped:
+        d = session.path("layers", layer["dir"])
+        _remove(d)
+        _remove(L.modes_path(d))
+    return dropped
+
+
+def _rewrite_jsonl(path, records):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def _remove(path):
+    from overlord.txn.session import remove_tree
+    if os.path.lexists(path):
+        remove_tree(path)
+
+
+def copy_layer(src, dst):
+    """Copy one sealed layer: files by hard link, directories with their overlay xattrs,
+    whiteout devices recreated."""
+    os.mkdir(dst, stat.S_IMODE(os.lstat(src).st_mode) | 0o700)
+    _copy_xattrs(src, dst)
+    for root, dirs, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        out = dst if rel == "." else os.path.join(dst, rel)
+        for name in dirs:
+            s, d = os.path.join(root, name), os.path.join(out, name)
+            os.mkdir(d, 0o700)
+            _copy_xattrs(s, d)
+        for name in files:
+            s, d = os.path.join(root, name), os.path.join(out, name)
+            st = os.lstat(s)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                os.mknod(d, stat.S_IFCHR | 0o000, 0)
+            else:
+                os.link(s, d, follow_symlinks=False)
+    # directory modes last (a read-only one would refuse its own children)
+    for root, dirs, _ in os.walk(src, topdown=False):
+        for name in dirs:
+            s = os.path.join(root, name)
+            d = os.path.join(dst, os.path.relpath(s, src))
+            os.chmod(d, stat.S_IMODE(os.lstat(s).st_mode))
+            st = os.lstat(s)
+            os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
+    st = os.lstat(src)
+    os.chmod(dst, stat.S_IMODE(st.st_mode))
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    if os.path.exists(L.modes_path(src)):
+        shutil.copyfile(L.modes_path(src), L.modes_path(dst))
+
+
+def _copy_xattrs(src, dst):
+    for name in os.listxattr(src, follow_symlinks=False):
+        if name.startswith(("user.overlay.", "trusted.overlay.", "user.fuseoverlayfs.")):
+            try:
+                os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
+                            follow_symlinks=False)
+            except OSError:
+                pass
+
+
+def fork_records(session, at):
+    return [r for r in store.read_jsonl(session.path("provenance.jsonl")) if r.get("layer", 0) <= at]
+
+
+# -- compare ---------------------------------------------------------------------------------
+
+def _signature(entry, target):
+    """What a path ends up as in a session's view: type, mode and content."""
+    if entry.kind in ("whiteout", "invalid"):
+        return (entry.kind,)
+    content = C.content_hash(entry.src, entry.st) if entry.src else None
+    mode = stat.S_IMODE(entry.st.st_mode) if entry.kind != "symlink" else None
+    return (entry.kind, mode, content)
+
+
+def compare(a, b):
+    """[(path, 'same' | 'differs' | 'only in A' | 'only in B')] over the paths either changed."""
+    plan_a = {ch.path: ch for ch in a.plan()}
+    plan_b = {ch.path: ch for ch in b.plan()}
+    out = []
+    for path in sorted(set(plan_a) | set(plan_b), key=lambda p: p.split("/")):
+        if path not in plan_b:
+            out.append((path, "only in A"))
+        elif path not in plan_a:
+            out.append((path, "only in B"))
+        else:
+            same = _signature(plan_a[path].entry, a.target) == _signature(plan_b[path].entry, b.target)
+            out.append((path, "same" if same else "differs"))
+    return out
+
+
+# -- commit by cause ---------------------------------------------------------------------------
+
+def select(session, only=(), drop=()):
+    """Layer indexes chosen by --only / --drop selectors (layer:N, layer:A-B, turn:N,
+    tool:NAME, call:ID; repeatable or comma-separated). None when neither is given."""
+    if not only and not drop:
+        return None
+    count = len(session.meta["layers"])
+    chosen = set(range(count)) if not only else set()
+    for sel in _split(only):
+        chosen |= _match(session, sel)
+    for sel in _split(drop):
+        chosen -= _match(session, sel)
+    return chosen
+
+
+def _split(items):
+    return [s.strip() for item in items or () for s in item.split(",") if s.strip()]
+
+
+def _match(session, selector):
+    m = SELECTOR.match(selector)
+    if not m:
+        raise UsageError(f"not a selector: {selector!r} (layer:N, layer:A-B, turn:N, tool:NAME, call:ID)")
+    kind, value = m.groups()
+    layers = session.meta["layers"]
+    if kind == "layer":
+        lo, _, hi = value.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise UsageError(f"not a layer selector: {selector!r}")
+        found = set(range(int(lo), int(hi or lo) + 1)) & set(range(len(layers)))
+    else:
+        key = {"turn": "turn", "tool": "tool", "call": "call"}[kind]
+        found = {i for i, layer in enumerate(layers)
+                 if str((layer.get("cause") or {}).get(key)) == value}
+        if kind == "turn" and "-" in value:
+            lo, _, hi = value.partition("-")
+            if lo.isdigit() and hi.isdigit():
+                found = {i for i, layer in enumerate(layers)
+                         if str((layer.get("cause") or {}).get("turn", "")).isdigit()
+                         and int(lo) <= int(layer["cause"]["turn"]) <= int(hi)}
+    if not found:
+        raise UsageError(f"selector {selector!r} matches no savepoint")
+    return found

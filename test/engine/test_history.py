@@ -1,0 +1,106 @@
+"""Savepoints: exec, savepoints, rewind, fork, compare and commit by cause."""
+import json
+
+import pytest
+
+from conftest import SESSION_RE
+
+
+def points(ovl, sid):
+    return json.loads(ovl("savepoints", sid, "--json", check=0).out)
+
+
+def test_exec_seals_a_savepoint_per_writing_command(ovl, target):
+    sid, _ = ovl.sh(target, "echo 1 > one")
+    proc = ovl("exec", sid, "--", "sh", "-c", "echo out; echo 2 > two; exit 5")
+    assert proc.returncode == 5 and proc.out == "out\n"
+    ovl("exec", sid, "--", "true", check=0)              # writes nothing: no savepoint
+    pts = points(ovl, sid)
+    assert [p["n"] for p in pts] == [0, 1]
+    assert "echo 2 > two" in pts[1]["cause"]["command"]
+    lines = ovl("savepoints", sid, check=0).out.splitlines()
+    assert lines[0].startswith("@0  1 path  ") and lines[1].startswith("@1  1 path  ")
+    assert ovl.diff(sid) == [("added", "one"), ("added", "two")]
+
+
+def test_rewind_reproduces_the_tree_of_a_savepoint(ovl, target):
+    sid, _ = ovl.sh(target, "echo a > a")
+    views = {}
+    for i in range(1, 5):
+        ovl("exec", sid, "--", "sh", "-c", f"echo {i} >> a; echo {i} > f{i}; rm -f f{i - 1}", check=0)
+    for n in (3, 1):
+        # the view at @n, seen from inside the session after rewinding
+        ovl("rewind", sid, "--to", n, check=0)
+        views[n] = ovl("exec", sid, "--", "sh", "-c", "cat a; ls", check=0).out
+    assert views[3].splitlines()[:4] == ["a", "1", "2", "3"]
+    assert "f3" in views[3] and "f4" not in views[3]
+    assert views[1].splitlines()[:2] == ["a", "1"] and "f2" not in views[1]
+    assert len(points(ovl, sid)) == 2
+    archives = list((ovl.home / "sessions" / sid).glob("rewound-*.json"))
+    assert len(archives) == 2          # each rewind archived what it dropped
+
+
+@pytest.mark.parametrize("bad", ["7", "-1", "x", "1.5"])
+def test_rewind_out_of_range_is_refused(ovl, target, bad):
+    sid, _ = ovl.sh(target, "echo a > a")
+    before = points(ovl, sid)
+    proc = ovl("rewind", sid, "--to", bad)
+    assert proc.returncode == 2 and proc.err.startswith("overlord: ") and "Traceback" not in proc.err
+    assert points(ovl, sid) == before
+
+
+def test_fork_continues_independently_and_compare_shows_divergence(ovl, target):
+    sid, _ = ovl.sh(target, "echo base > shared.txt")
+    ovl("exec", sid, "--", "sh", "-c", "echo a > only-a.txt; rm hello.txt", check=0)
+    proc = ovl("fork", sid, "--at", "0", check=0)
+    fork = SESSION_RE.search(proc.out).group(1)
+    assert fork != sid and len(points(ovl, fork)) == 1
+    ovl("exec", fork, "--", "sh", "-c", "echo b > only-b.txt; echo other > shared.txt", check=0)
+    rows = dict((line.split("  ", 1)[1], line.split("  ", 1)[0])
+                for line in ovl("compare", sid, fork, check=0).out.splitlines())
+    assert rows == {"only-a.txt": "only in A", "hello.txt": "only in A", "only-b.txt": "only in B",
+                    "shared.txt": "differs"}
+    data = json.loads(ovl("compare", sid, fork, "--json", check=0).out)
+    assert {"path": "shared.txt", "status": "differs"} in data
+    # committing one makes the other's snapshot stale where they overlap
+    ovl("commit", fork, check=0)
+    assert (target / "shared.txt").read_text() == "other\n"
+    proc = ovl("commit", sid)
+    assert proc.returncode == 1 and "shared.txt" in proc.err
+    assert (target / "shared.txt").read_text() == "other\n"
+
+
+def test_fork_and_compare_refusals(ovl, target):
+    sid, _ = ovl.sh(target, "echo a > a")
+    assert ovl("compare", sid, sid).returncode == 2
+    assert ovl("fork", sid, "--at", "3").returncode == 2
+    ovl("commit", sid, check=0)
+    proc = ovl("fork", sid, "--at", "0")
+    assert proc.returncode == 1 and "committed" in proc.err
+
+
+def test_commit_by_cause_only_and_drop(ovl, target):
+    sid, _ = ovl.sh(target, "echo 0 > zero")
+    ovl("exec", sid, "--", "sh", "-c", "echo 1 > one", check=0)
+    ovl("exec", sid, "--", "sh", "-c", "echo 2 > two", check=0)
+    ovl("commit", sid, "--drop", "layer:1", check=0)
+    assert sorted(p.name for p in target.iterdir()) == ["hello.txt", "sub", "two", "zero"]
+
+
+@pytest.mark.parametrize("sel", ["layer:9", "tool:shell", "bogus", "layer:x"])
+def test_selectors_that_match_nothing_or_are_malformed(ovl, target, sel):
+    sid, _ = ovl.sh(target, "echo 0 > zero")
+    proc = ovl("commit", sid, "--only", sel)
+    assert proc.returncode == 2 and proc.err.startswith("overlord: ")
+    assert not (target / "zero").exists()
+
+
+def test_conflicts_cover_paths_replay_would_touch(ovl, target):
+    """A file one layer created and a later one deleted cannot clobber a same-named file
+    that appeared outside meanwhile."""
+    sid, _ = ovl.sh(target, "echo mine > tmp.txt")
+    ovl("exec", sid, "--", "rm", "tmp.txt", check=0)
+    (target / "tmp.txt").write_text("theirs\n")
+    proc = ovl("commit", sid)
+    assert proc.returncode == 1 and "tmp.txt" in proc.err
+    assert (target / "tmp.txt").read_text() == "theirs\n"
