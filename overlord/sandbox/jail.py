@@ -7,7 +7,8 @@ is mounted over the target, and ends with pivot_root into a fresh tmpfs root tha
   /usr /bin /sbin /lib* /etc /opt    the host's, read-only (every submount too, locked
                                      flags kept), /etc/shadow and friends masked empty
   /tmp /dev/shm                      private tmpfs
-  /proc                              a private proc for the command's PID namespace
+  /proc                              a private proc for the command's PID namespace, its
+                                     kernel knobs (/proc/sys, sysrq-trigger, ...) read-only
   /dev                               null zero full random urandom tty, a private pts
   <target>                           the overlay, read-write, at its real path
 
@@ -26,6 +27,9 @@ MASKED = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 RESERVED = SYSTEM_DIRS + ("/proc", "/dev", "/sys")
 CONSOLE = "/dev/console"     # where a shell's pty appears inside the jail
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs", "acpi", "scsi")
+PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms",
+               "kpagecount", "kpageflags", "kpagecgroup")
 RO = libc.MOUNT_ATTR_RDONLY | libc.MOUNT_ATTR_NOSUID | libc.MOUNT_ATTR_NODEV
 
 
@@ -109,8 +113,7 @@ def build(ops, newroot):
             _mkdirs(dest)
             libc.mount("tmpfs", dest, "tmpfs", libc.MS_NOSUID | libc.MS_NODEV, "mode=1777")
         elif op.kind == "proc":
-            _mkdirs(dest)
-            libc.mount("proc", dest, "proc", libc.MS_NOSUID | libc.MS_NODEV | libc.MS_NOEXEC)
+            _build_proc(dest, empty)
         elif op.kind == "dev":
             _build_dev(dest, op.src)
         elif op.kind == "bind":
@@ -149,6 +152,24 @@ def _readonly_by_remount(path):
         for opt in row[5].split(","):
             flags |= flag_names.get(opt, 0)
         libc.mount(None, point, None, flags | libc.MS_NOSUID | libc.MS_NODEV)
+
+
+def _build_proc(proc, empty):
+    """A private /proc whose kernel knobs are read-only. As root the command is host uid 0
+    (without capabilities): files like /proc/sys/kernel/core_pattern or /proc/sysrq-trigger
+    check only that uid, so they must not be writable at all."""
+    _mkdirs(proc)
+    libc.mount("proc", proc, "proc", libc.MS_NOSUID | libc.MS_NODEV | libc.MS_NOEXEC)
+    for name in PROC_READONLY:
+        path = f"{proc}/{name}"
+        if os.path.lexists(path):
+            libc.mount(path, path, None, libc.MS_BIND | libc.MS_REC)
+            _readonly(path)
+    for name in PROC_MASKED:
+        path = f"{proc}/{name}"
+        if os.path.isfile(path):
+            libc.mount(empty, path, None, libc.MS_BIND)
+            _readonly(path)
 
 
 def _build_dev(dev, tty):

@@ -79,6 +79,17 @@ def _write_id_maps(pid):
 NAMESPACES = libc.CLONE_NEWUSER | libc.CLONE_NEWNS | libc.CLONE_NEWPID
 
 
+def namespaces(spec):
+    """Always user, mount and PID; a jail adds its own IPC (no host System V or POSIX
+    queues) and UTS namespaces; net none its own empty network namespace."""
+    flags = NAMESPACES
+    if spec.jail is not None:
+        flags |= libc.CLONE_NEWIPC | libc.CLONE_NEWUTS
+    if spec.net == "none":
+        flags |= libc.CLONE_NEWNET
+    return flags
+
+
 def _init_process(launch, errw, from_parent):
     """PID 1 of the command's namespaces: mount, start the command, reap. Never returns."""
     try:
@@ -122,7 +133,7 @@ def launch(spec):
     errr, errw = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
     try:
-        pid = libc.clone_namespaces(NAMESPACES | (libc.CLONE_NEWNET if spec.net == "none" else 0))
+        pid = libc.clone_namespaces(namespaces(spec))
     except OSError as exc:
         for fd in (errr, errw, down_r, down_w):
             os.close(fd)

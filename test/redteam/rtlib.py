@@ -9,8 +9,8 @@ $HOME made for the test) keep their content and mtime, no file appears or goes b
 the real target is byte-identical (writes belong to the overlay), and no process whose argv
 carries the test's unique marker survives.
 
-Fixtures are imported by the test modules (`from rtlib import jail`), so no second conftest
-module competes with test/conftest.py for the name `conftest`.
+The `jail` fixture is imported by the test modules (`from rtlib import jail_fixture`), so no
+second conftest module competes with test/conftest.py for the module name `conftest`.
 """
 import json
 import os
@@ -53,7 +53,7 @@ def attempt(fn, *a, **kw):
 def raw(nr, *args):
     """A raw syscall: 'OK' for any non-error return, else the errno name."""
     conv = [ctypes.c_char_p(a) if isinstance(a, bytes) else
-            a if isinstance(a, ctypes._SimpleCData) or hasattr(a, "_as_parameter_") else
+            a if isinstance(a, (ctypes._SimpleCData, ctypes.Array, ctypes.Structure)) else
             ctypes.c_long(a) for a in args]
     ctypes.set_errno(0)
     r = LIBC.syscall(ctypes.c_long(nr), *conv)
@@ -181,51 +181,70 @@ class Jail:
         self.secret_key.write_bytes(CANARY)
         os.chmod(self.secret_key, 0o600)
         (self.operator / ".bashrc").write_text("export PS1='$ '\n")
-        self.baseline = self._host_state()
+        self.rebaseline()
 
     # -- running ---------------------------------------------------------------------------
 
     def env(self, extra=None):
+        """What the operator's shell holds when it calls OVERLORD: a provider key, the state
+        directory, a $HOME of its own. None of it may reach the command."""
         env = {"HOME": str(self.operator), "ANTHROPIC_API_KEY": SECRET,
                "OVERLORD_HOME": str(self.home)}
         env.update(extra or {})
         return env
 
-    def run(self, argv, flags=(), jail=True, check=None, env=None, timeout=180, stdin=None,
-            untouched=True):
-        """`overlord run [--jail --net none] -t target [flags] -- argv`."""
-        grants = ["--jail", "--net", "none"] if jail else []
-        cmd = [sys.executable, "-m", "overlord", "run", *grants, "-t", str(self.target),
-               *map(str, flags), "--", *map(str, argv)]
-        proc = subprocess.run(cmd, env=self.ovl.env(self.env(env)), capture_output=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL if stdin is None else stdin,
-                              cwd=str(self.tmp))
-        m = SESSION_RE.search(proc.stdout.decode("utf-8", "replace"))
-        res = Result(proc, m.group(1) if m else None)
+    def _overlord(self, args, sid=None, check=None, env=None, timeout=180, stdin=None,
+                  untouched=True, pass_fds=()):
+        proc = subprocess.run([sys.executable, "-m", "overlord", *map(str, args)],
+                              env=self.ovl.env(self.env(env)), capture_output=True,
+                              timeout=timeout, cwd=str(self.tmp), pass_fds=pass_fds,
+                              stdin=subprocess.DEVNULL if stdin is None else stdin)
+        if sid is None:
+            m = SESSION_RE.search(proc.stdout.decode("utf-8", "replace"))
+            sid = m.group(1) if m else None
+        res = Result(proc, sid)
         if check is not None:
             assert res.code == check, res
         if untouched:
             self.assert_host_untouched()
         return res
 
-    def py(self, code, *args, prelude=None, **kw):
-        """Run an attack program jailed; returns the Result (its OUT in .rt)."""
-        program = (prelude or nr_prelude()) + textwrap.dedent(code) + "\ndone()\n"
+    def run(self, argv, flags=(), jail=True, **kw):
+        """`overlord run --jail --net none --stack -t target [flags] -- argv` (--stack: a test
+        may run several attacks on its target); then the host is checked."""
+        grants = ["--jail", "--net", "none"] if jail else []
+        return self._overlord(["run", *grants, "--stack", "-t", self.target, *flags, "--",
+                               *argv], **kw)
+
+    def exec(self, sid, argv, **kw):
+        """`overlord exec sid -- argv`: one more command in a session, over its layer stack,
+        under the grants the session was opened with; then the host is checked."""
+        return self._overlord(["exec", sid, "--", *argv], sid=sid, **kw)
+
+    @staticmethod
+    def program(code, prelude=None):
+        """PRELUDE (with this machine's syscall numbers) + the attack + done()."""
+        return (prelude or nr_prelude()) + textwrap.dedent(code) + "\ndone()\n"
+
+    def py(self, code, *args, **kw):
+        """Run an attack program jailed (argv: the marker, then args); the Result's .rt is
+        its OUT. Expects exit 0 unless told otherwise."""
         kw.setdefault("check", 0)
-        res = self.run([PY, "-c", program, self.marker, *args], **kw)
+        res = self.run([PY, "-c", self.program(code), self.marker, *args], **kw)
         if kw["check"] == 0:
             assert res.rt is not None, res
         return res
 
     def sh(self, script, **kw):
+        """Run a shell attack jailed; $0 is the marker."""
         kw.setdefault("check", 0)
         return self.run(["/bin/sh", "-c", script, self.marker], **kw)
 
-    def host_py(self, code, *args, wrap=(), prelude=None, env=None, **kw):
-        """The positive control: the same program on the host (optionally under a wrapper
-        such as `unshare -Urm`). Returns its OUT."""
-        program = (prelude or nr_prelude()) + textwrap.dedent(code) + "\ndone()\n"
-        proc = subprocess.run([*wrap, PY, "-c", program, self.marker, *map(str, args)],
+    def host_py(self, code, *args, wrap=(), env=None, **kw):
+        """The positive control: the same program on the host, as the same user (optionally
+        under a wrapper such as `unshare -Urm`). Returns its OUT."""
+        proc = subprocess.run([*wrap, PY, "-c", self.program(code), self.marker,
+                               *map(str, args)],
                               capture_output=True, timeout=120, cwd=str(self.tmp),
                               env=env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, **kw)
         out = parse_rt(proc.stdout.decode("utf-8", "replace"))
@@ -237,6 +256,10 @@ class Jail:
     def _host_state(self):
         return {"outside": tree_state(self.outside), "operator": tree_state(self.operator),
                 "target": tree_state(self.target)}
+
+    def rebaseline(self):
+        """After the test itself planted something in the target (a symlink out, say)."""
+        self.baseline = self._host_state()
 
     def assert_host_untouched(self):
         now = self._host_state()
@@ -268,8 +291,8 @@ def require_kernel_backend():
         pytest.fail(f"the kernel backend (and so the jail) is unavailable here: {why}")
 
 
-@pytest.fixture
-def jail(home, target, tmp_path):
+@pytest.fixture(name="jail")
+def jail_fixture(home, target, tmp_path):
     require_kernel_backend()
     j = Jail(home, target, tmp_path)
     yield j

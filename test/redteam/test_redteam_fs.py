@@ -1,11 +1,10 @@
 """Red team, the filesystem: the target is the only host tree a jailed command can reach, and
 only through the overlay; everything else of the host does not exist or is read-only."""
-import json
 import os
-import stat
 
 from conftest import SESSION_RE
-from rtlib import CANARY, OVERLAYFS_MAGIC, jail  # noqa: F401  (jail is a fixture)
+from rtlib import CANARY, OVERLAYFS_MAGIC, PY
+from rtlib import jail_fixture  # noqa: F401  (the `jail` fixture)
 
 NOT_THERE = "ENOENT"
 
@@ -13,7 +12,7 @@ NOT_THERE = "ENOENT"
 def test_symlink_in_target_to_a_host_file(jail):
     os.symlink(jail.canary, jail.target / "leak")                        # absolute
     os.symlink(os.path.relpath(jail.canary, jail.target), jail.target / "leak-rel")
-    jail.baseline = jail._host_state()
+    jail.rebaseline()
     code = """
         for name in ("leak", "leak-rel"):
             OUT[name + ":read"] = attempt(read, name)
@@ -30,7 +29,7 @@ def test_symlink_in_target_to_a_host_file(jail):
 def test_symlink_in_target_to_a_host_directory(jail):
     os.symlink(jail.outside, jail.target / "out")
     os.symlink(jail.operator, jail.target / "home-link")
-    jail.baseline = jail._host_state()
+    jail.rebaseline()
     code = """
         for name in ("out", "home-link"):
             OUT[name + ":list"] = attempt(os.listdir, name)
@@ -86,6 +85,8 @@ def test_operator_home_and_host_trees_do_not_exist(jail):
     paths = [jail.operator, jail.secret_key, jail.outside, jail.canary, jail.home,
              os.path.expanduser("~"), "/root", "/home", "/mnt", "/media", "/srv", "/run",
              "/var", "/boot", "/sys", "/lost+found"]
+    # (the way down to the target exists inside, whatever tree the test's tmp dir is in)
+    paths = [p for p in paths if not str(jail.target).startswith(str(p).rstrip("/") + "/")]
     code = """
         for p in ARGS:
             OUT[p] = attempt(os.lstat, p)
@@ -98,19 +99,31 @@ def test_operator_home_and_host_trees_do_not_exist(jail):
 
 
 def test_writing_the_system_tree(jail):
+    """Create, link, chmod, touch, rename and unlink in the host's system tree. Every attempt
+    is made so that it changes nothing even where it is allowed (same mode, same times, a
+    rename onto itself, a name that does not exist) or makes only a new file the test
+    removes again: a broken jail must show up as a failure, not as a damaged host."""
+    name = "rt-" + jail.marker
+    made = [f"/usr/bin/{name}", f"/etc/{name}", f"/opt/{name}", f"/{name}", f"/usr/lib/{name}",
+            f"/etc/{name}.link"]
     code = """
+        name = "rt-" + MARKER
         def create(p):
-            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o755))
-        OUT["create /usr/bin"] = attempt(create, "/usr/bin/rt-" + MARKER)
-        OUT["create /etc"] = attempt(create, "/etc/rt-" + MARKER)
-        OUT["create /opt"] = attempt(create, "/opt/rt-" + MARKER)
-        OUT["create /"] = attempt(create, "/rt-" + MARKER)
-        OUT["create /dev"] = attempt(create, "/dev/rt-" + MARKER)
-        OUT["mkdir /usr/lib"] = attempt(os.mkdir, "/usr/lib/rt-" + MARKER)
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        OUT["create /usr/bin"] = attempt(create, "/usr/bin/" + name)
+        OUT["create /etc"] = attempt(create, "/etc/" + name)
+        OUT["create /opt"] = attempt(create, "/opt/" + name)
+        OUT["create /"] = attempt(create, "/" + name)
+        OUT["create /dev"] = attempt(create, "/dev/" + name)
+        OUT["mkdir /usr/lib"] = attempt(os.mkdir, "/usr/lib/" + name)
+        OUT["link /etc/passwd"] = attempt(os.link, "/etc/passwd", f"/etc/{name}.link")
+        st = os.stat("/etc/passwd")
+        OUT["chmod /etc/passwd"] = attempt(os.chmod, "/etc/passwd", st.st_mode & 0o7777)
+        OUT["utime /etc/passwd"] = attempt(os.utime, "/etc/passwd",
+                                           ns=(st.st_atime_ns, st.st_mtime_ns))
+        OUT["rename /etc/hostname"] = attempt(os.rename, "/etc/hostname", "/etc/hostname")
+        OUT["unlink /usr/bin"] = attempt(os.unlink, f"/usr/bin/{name}.absent")
         OUT["append /etc/passwd"] = attempt(lambda: open("/etc/passwd", "ab").close())
-        OUT["rename /etc/hostname"] = attempt(os.rename, "/etc/hostname", "/etc/hostname.rt")
-        OUT["unlink /usr/bin/env"] = attempt(os.unlink, "/usr/bin/env")
-        OUT["utime /etc/passwd"] = attempt(os.utime, "/etc/passwd", (0, 0))
         OUT["ro"] = {d: bool(os.statvfs(d).f_flag & os.ST_RDONLY)
                      for d in ("/", "/usr", "/etc", "/opt", "/dev")}
     """
@@ -119,14 +132,23 @@ def test_writing_the_system_tree(jail):
     assert control["ro"] is False
     assert control["w"] is (os.geteuid() == 0)
     before = {p: os.lstat(p) for p in ("/etc/passwd", "/etc/hostname", "/usr/bin/env")}
-    res = jail.py(code)
+    try:
+        res = jail.py(code)
+    finally:
+        escaped = [p for p in made if os.path.lexists(p)]
+        for p in escaped:
+            (os.rmdir if os.path.isdir(p) else os.unlink)(p)
+    assert escaped == [], f"written on the host: {escaped}"
     ro = res.rt.pop("ro")
     assert ro == {"/": True, "/usr": True, "/etc": True, "/opt": True, "/dev": True}, res
-    assert set(res.rt.values()) == {"EROFS"}, res
+    # every write meets the read-only mount; an ordinary user may meet a root-owned file's
+    # mode first (appending to /etc/passwd checks permission before the mount)
+    refusals = {"EROFS"} | ({"EACCES"} if os.geteuid() != 0 else set())
+    assert set(res.rt.values()) <= refusals and "EROFS" in res.rt.values(), res
     for p, st in before.items():
         now = os.lstat(p)
-        assert (now.st_mtime_ns, now.st_size, now.st_ino) == (st.st_mtime_ns, st.st_size, st.st_ino)
-    assert not any(os.path.lexists(f"{d}/rt-{jail.marker}") for d in ("/usr/bin", "/etc", "/opt", "/"))
+        assert (now.st_mtime_ns, now.st_size, now.st_ino, now.st_mode) == \
+            (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
 
 
 def test_shadow_files_are_masked(jail):
@@ -149,10 +171,15 @@ def test_private_tmp_and_shm_do_not_reach_the_host(jail):
     """
     control = jail.host_py("OUT['w'] = [os.access(d, os.W_OK) for d in ('/tmp', '/dev/shm')]")
     assert control["w"] == [True, True]
-    res = jail.py(code)
     name = f"rt-{jail.marker}"
+    try:
+        res = jail.py(code)
+    finally:
+        escaped = [p for p in (f"/tmp/{name}", f"/dev/shm/{name}") if os.path.lexists(p)]
+        for p in escaped:
+            os.unlink(p)
+    assert escaped == [], f"written on the host: {escaped}"
     assert name in res.rt["/tmp"] and res.rt["/dev/shm"] == [name], res
-    assert not os.path.exists(f"/tmp/{name}") and not os.path.exists(f"/dev/shm/{name}")
     # the jail's /tmp holds nothing of the host's: at most the way down to the target
     allowed = {str(jail.target).split("/")[2]} if str(jail.target).startswith("/tmp/") else set()
     assert set(res.rt["/tmp"]) - {name} <= allowed, res
@@ -200,48 +227,58 @@ def test_session_records_cannot_be_reached_or_forged(jail, tmp_path):
     assert earlier in listed and res.sid in listed
 
 
+OVERLAY_PROBE = """
+    import ctypes
+    class Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
+    target = ARGS[0]
+    row = [l for l in read("/proc/self/mountinfo").decode().splitlines()
+           if l.split()[4] == target]
+    opts = row[-1].split(" - ")[1].split()[2].split(",")
+    paths = {}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key in ("upperdir", "workdir"):
+            paths[key] = [value]
+        elif key in ("lowerdir", "lowerdir+"):
+            paths.setdefault("lower", []).extend(value.split(":"))
+    OUT["keys"] = sorted(paths)
+    for key, values in paths.items():
+        for p in values:
+            if p == target:     # the real tree is the bottom layer: seen only merged
+                sf = Statfs()
+                LIBC.statfs(p.encode(), ctypes.byref(sf))
+                OUT[key + ":target"] = "overlay" if sf.f_type == int(ARGS[1]) else hex(sf.f_type)
+            else:
+                OUT[key + ":" + p] = attempt(os.listdir, p)
+                OUT[key + ":" + p + " write"] = attempt(lambda: open(p + "/x", "w").close())
+    with open("written-inside.txt", "w") as f:
+        f.write("to the upper layer")
+"""
+
+
 def test_overlay_upper_work_and_lower_dirs_are_unreachable(jail):
-    code = """
-        import ctypes
-        class Statfs(ctypes.Structure):
-            _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
-        target = ARGS[0]
-        row = [l for l in read("/proc/self/mountinfo").decode().splitlines()
-               if l.split()[4] == target]
-        opts = row[-1].split(" - ")[1].split()[2].split(",")
-        paths = {}
-        for opt in opts:
-            key, _, value = opt.partition("=")
-            if key in ("upperdir", "workdir"):
-                paths[key] = [value]
-            elif key in ("lowerdir", "lowerdir+"):
-                paths.setdefault("lower", []).extend(value.split(":"))
-        OUT["keys"] = sorted(paths)
-        for key, values in paths.items():
-            for p in values:
-                if p == target:     # the real tree is the bottom layer: seen only merged
-                    sf = Statfs()
-                    LIBC.statfs(p.encode(), ctypes.byref(sf))
-                    OUT[key + ":target"] = "overlay" if sf.f_type == int(ARGS[1]) else hex(sf.f_type)
-                else:
-                    OUT[key + ":" + p] = attempt(os.listdir, p)
-        with open("written-inside.txt", "w") as f:
-            f.write("to the upper layer")
-    """
-    res = jail.py(code, jail.target, OVERLAYFS_MAGIC)
+    """The mount table names the session's layer directories (by design); none of them may
+    be reachable. A first command seals a layer, so the attack runs over a real stack."""
+    first = jail.sh("echo one > first.txt")
+    res = jail.exec(first.sid, [PY, "-c", jail.program(OVERLAY_PROBE), jail.marker, jail.target,
+                                OVERLAYFS_MAGIC], check=0)
+    assert res.rt is not None, res
     assert {"upperdir", "workdir", "lower"} <= set(res.rt.pop("keys")), res
     assert res.rt.pop("lower:target") == "overlay", res
-    upper = [k for k in res.rt if k.startswith("upperdir:")]
-    work = [k for k in res.rt if k.startswith("workdir:")]
-    assert upper and work, res
+    layers = [k for k in res.rt if k.startswith("lower:") and not k.endswith(" write")]
+    upper = [k for k in res.rt if k.startswith("upperdir:") and not k.endswith(" write")]
+    work = [k for k in res.rt if k.startswith("workdir:") and not k.endswith(" write")]
+    assert layers and upper and work, res
     assert set(res.rt.values()) == {NOT_THERE}, res
-    # control: those paths are the host's, in the session's record directory, and what was
-    # written inside went to the upper layer there (sealed into layers/ after the command)
-    host_paths = [k.split(":", 1)[1] for k in upper + work]
-    assert {os.path.dirname(p) for p in host_paths} == {str(jail.session_dir(res.sid))}
-    assert os.path.isdir(host_paths[1])
-    assert list(jail.session_dir(res.sid).glob("layers/*/written-inside.txt"))
-    assert ("added", "written-inside.txt") in jail.ovl.diff(res.sid)
+    # control: those paths are the host's, in the session's record directory: the sealed
+    # layer holds the first command's file, and the attack's write went to the upper layer
+    host = {k.split(":", 1)[1] for k in layers + upper + work}
+    sdir = jail.session_dir(first.sid)
+    assert all(p.startswith(str(sdir) + "/") for p in host), host
+    assert any(os.path.isfile(os.path.join(p, "first.txt")) for p in host), host
+    diff = jail.ovl.diff(first.sid)
+    assert ("added", "first.txt") in diff and ("added", "written-inside.txt") in diff
     assert not (jail.target / "written-inside.txt").exists()
 
 
@@ -301,7 +338,15 @@ def test_mknod_device_forgery(jail):
     """, jail.tmp)
     # control: root on the host forges devices; an ordinary user is refused by the kernel alike
     assert control["mknod"] == ("OK" if os.geteuid() == 0 else "EPERM")
-    res = jail.py(code, jail.target)
+    try:
+        res = jail.py(code, jail.target, untouched=False)
+    finally:
+        escaped = [f"{d}/{n}" for d in ("/tmp", "/dev/shm", jail.target)
+                   for n in ("rt-mem", "rt-disk") if os.path.lexists(f"{d}/{n}")]
+        for p in escaped:
+            os.unlink(p)
+    jail.assert_host_untouched()
+    assert escaped == [], f"device nodes on the host: {escaped}"
     assert set(res.rt.values()) == {"EPERM"}, res
     assert jail.ovl.diff(res.sid) == []
 
