@@ -153,7 +153,7 @@ def test_host_system_v_shared_memory(jail, host_shm):
     res = jail.py(SHM_PROBE, key, shmid, "jail")
     assert (res.rt["shmget"], res.rt["shmat"], res.rt["shm_rmid"]) == \
         ("ENOENT", "EINVAL", "EINVAL"), res
-    buf = ctypes.create_string_buffer(64)
+    buf = ctypes.create_string_buffer(512)      # struct shmid_ds (112 bytes on x86_64) fits
     assert LIBC.shmctl(shmid, 2, buf) == 0, "the host's segment is gone"       # IPC_STAT
 
 
