@@ -282,7 +282,8 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         cause = dict(cause, limit="disk_mb")
     index = session.seal(cause)
     if index is not None:
-        session.meta["layers"][index]["bytes"] = limits.layer_bytes(session.layer_dirs()[index])
+        layer = session.meta["layers"][index]
+        layer["bytes"] = limits.layer_bytes(session.path("layers", layer["dir"]))
     return outcome, count
 
 

@@ -9,6 +9,7 @@ Enforced in layers, each where the host provides it:
             the command (exit 122) and the session's ability to run anything.
 What the host cannot enforce is reported (doctor, the session record), never pretended.
 """
+import functools
 import os
 import resource
 import time
@@ -82,8 +83,9 @@ def _writable(path):
     return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
+@functools.lru_cache(maxsize=1)
 def cgroup_kind():
-    """'v2', 'v1' or None, with the reason when None."""
+    """'v2', 'v1' or None, with the reason when None (once per process: it does not change)."""
     if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
         base = _v2_base()
         if base:

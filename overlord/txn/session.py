@@ -55,7 +55,8 @@ class Session:
 
     def layer_dirs(self):
         """Sealed layer directories, bottom first."""
-        return [self.path("layers", layer["dir"]) for layer in self.meta["layers"]]
+        base = f"{self.dir}/layers/"
+        return [base + layer["dir"] for layer in self.meta["layers"]]
 
     def read_layers(self, indexes=None):
         """[{path: Entry}] bottom first (optionally only the chosen layer indexes)."""
@@ -82,8 +83,8 @@ class Session:
         os.mkdir(self.path("upper"), 0o700)
         if not os.path.isdir(self.path("work")):
             os.mkdir(self.path("work"), 0o700)
-        layers = self.layer_dirs()
-        top = L.read_root(layers[-1]) if layers else os.lstat(self.target)
+        layers = self.meta["layers"]
+        top = L.read_root(self.path("layers", layers[-1]["dir"])) if layers else os.lstat(self.target)
         upper = self.path("upper")
         if os.geteuid() == 0:
             os.chown(upper, top.st_uid, top.st_gid)
