@@ -145,7 +145,10 @@ def plan_steps(fds, view, merged):
                       "mode": cur.st_mode if cur is not None else None,
                       "times": [cur.st_atime_ns, cur.st_mtime_ns] if cur is not None else None,
                       "ino": cur.st_ino if cur is not None else None,
-                      "src": entry.src, "merged": path in merged})
+                      "src": entry.src, "merged": path in merged,
+                      # what replay puts here, to tell it from an edit made after a crash
+                      "new": [entry.st.st_size, entry.st.st_mtime_ns]
+                      if entry.kind in ("file", "symlink", "other") and path not in merged else None})
     return steps
 
 
@@ -416,23 +419,31 @@ def _undo_step(fds, bfd, n, step, sid):
             os.chmod(name, stat.S_IMODE(step["mode"]), dir_fd=pfd)
             os.utime(name, ns=tuple(step["times"]), dir_fd=pfd, follow_symlinks=False)
         return
-    if cur is not None:
-        _take_back(fds, pfd, path, name, cur, step)
+    if cur is not None and not _take_back(fds, pfd, path, name, cur, step):
+        return
     if saved is not None:
         os.rename(str(n), name, src_dir_fd=bfd, dst_dir_fd=pfd)
 
 
 def _take_back(fds, pfd, path, name, cur, step):
-    """Remove what replay put at a path; a file moved out of a layer goes back there."""
-    src = step.get("src")
-    if src and not step.get("merged") and not stat.S_ISDIR(cur.st_mode) and not os.path.lexists(src):
-        os.rename(name, src, src_dir_fd=pfd)
-        return
+    """Remove what replay put at a path (a file moved out of a layer goes back there).
+    Returns False, touching nothing, when what is there now is someone else's: an edit made
+    between the crash and this recovery is never clobbered."""
     if stat.S_ISDIR(cur.st_mode):
         fds.forget(path)
-        _rmtree_at(fds, pfd, name)
+        try:
+            os.rmdir(name, dir_fd=pfd)      # its own entries were taken back before it
+        except OSError:
+            return False                     # something else was put inside meanwhile
+        return True
+    if step.get("new") is None or [cur.st_size, cur.st_mtime_ns] != step["new"]:
+        return False
+    src = step.get("src")
+    if src and not os.path.lexists(src):
+        os.rename(name, src, src_dir_fd=pfd)
     else:
         os.unlink(name, dir_fd=pfd)
+    return True
 
 
 def settle(data):
@@ -460,6 +471,12 @@ def pending_journals():
         return []
     out = []
     for name in names:
+        if ".tmp" in name:              # a journal write a crash cut short: never renamed in
+            try:
+                os.unlink(os.path.join(journal_dir(), name))
+            except OSError:
+                pass
+            continue
         if name.endswith(".json"):
             try:
                 with open(os.path.join(journal_dir(), name), encoding="utf-8") as f:

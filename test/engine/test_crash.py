@@ -119,3 +119,18 @@ def test_crash_at_every_step_recovers_to_before_or_after(engine, tmp_path):
         else:
             assert state == "committed"
     assert "pending" in outcomes and "committed" in outcomes
+
+
+def test_recovery_never_clobbers_an_edit_made_after_the_crash(engine, tmp_path):
+    target = tmp_path / "t"
+    make_target(target)
+    sid = ops.run(["sh", "-c", SCRIPT], target=str(target)).sid
+    steps = len(ops.get_session(sid).view())
+    assert crash_commit_after(sid, steps - 1) == 9          # nearly everything is in place
+    (target / "added.txt").write_text("edited after the crash\n")   # someone keeps working
+    (target / "deep" / "mine.txt").write_text("new beside the commit\n")
+    ops.recover()
+    assert (target / "added.txt").read_text() == "edited after the crash\n"
+    assert (target / "deep" / "mine.txt").read_text() == "new beside the commit\n"
+    assert (target / "keep.txt").read_text() == "original\n"       # the rest was undone
+    assert ops.get_session(sid).meta["state"] == "pending"
