@@ -18,7 +18,7 @@ from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
 from overlord.txn import history, locks, replay, store
-from overlord.txn.session import Session, open_stamp_ns, remove_tree
+from overlord.txn.session import MAX_SAVEPOINTS, Session, open_stamp_ns, remove_tree
 
 GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
 NET_VALUES = ("host", "none")
@@ -227,7 +227,10 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     grants, trace = session.meta["grants"], session.meta.get("trace")
     jailed, net = bool(grants.get("jail")), grants.get("net", "host")
     granted = limits.effective(grants.get("limits"))
-    upper, work = session.prepare_upper()
+    lowers, upper = session.stack_for_next()
+    work = session.path("work")
+    if not os.path.isdir(work):
+        os.mkdir(work, 0o700)
     recorder = Recorder(session.path("syscalls.jsonl")) if trace == "strace" else None
     ebpf = trace_ebpf.EbpfRecorder(session.path("syscalls.jsonl")) if trace == "ebpf" else None
     tty = os.ttyname(pty_slave) if pty_slave is not None else None
@@ -249,8 +252,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
             if hook:
                 hook()
     spec = executor.Launch(
-        target=session.target, lowers=list(reversed(session.layer_dirs())) + [session.target],
-        upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
+        target=session.target, lowers=lowers, upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
         env=executor.sandbox_env(jailed=jailed), timeout=timeout or grants.get("timeout"),
         pty_slave=pty_slave, tty_path=(jail.CONSOLE if jailed else tty) if tty else None,
         trace_fd=recorder.write_fd if recorder else None,
@@ -265,7 +267,8 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         for rec in (recorder, ebpf):
             if rec:
                 rec.finish()
-        remove_tree(upper)
+        if not session.absorbing:
+            remove_tree(upper)
         remove_tree(work)
         raise
     finally:
@@ -578,6 +581,8 @@ def containment_layers(kernel_ok, tools):
         "cgroup": (kind is not None, f"cgroup {kind}: memory, pids, cpu around each session"
                    if kind else f"none ({why}); not enforced: {', '.join(unenforced)}"),
         "disk watch": (True, "each command's layer measured while it runs (exit 122 past the grant)"),
+        "savepoints": (True, f"one per writing command up to {MAX_SAVEPOINTS} (the kernel's overlay "
+                       "stack); past it the top savepoint absorbs commands and records each cause"),
         "trace strace": (bool(tools.get("strace")), tools.get("strace") or "strace is not installed"),
         "trace ebpf": (ebpf_ok, ebpf_why),
     }

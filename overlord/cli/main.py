@@ -276,7 +276,10 @@ def cmd_savepoints(args):
         return 0
     for p in points:
         n = p["paths"]
-        print(f"@{p['n']}  {n} path{'' if n == 1 else 's'}  {R.escape_path(R.cause_text(p['cause']))}")
+        shared = (f"  (+{len(p['causes']) - 1} more causes share this savepoint: the stack "
+                  "limit was reached)" if p["coarse"] else "")
+        print(f"@{p['n']}  {n} path{'' if n == 1 else 's'}  "
+              f"{R.escape_path(R.cause_text(p['cause']))}{shared}")
     return 0
 
 

@@ -10,6 +10,8 @@ from overlord.txn import layers as L
 from overlord.txn import store
 
 CLOCK_REALTIME_COARSE = 5
+# overlayfs stacks at most 500 lower layers and the target is one of them
+MAX_SAVEPOINTS = 499
 
 
 def open_stamp_ns():
@@ -74,6 +76,21 @@ class Session:
 
     # -- sealing ---------------------------------------------------------------------------
 
+    @property
+    def absorbing(self):
+        """At the kernel's stack limit the top savepoint takes further commands (every cause
+        it absorbs is recorded on it: attribution gets coarser, never silently lost)."""
+        return len(self.meta["layers"]) >= MAX_SAVEPOINTS
+
+    def stack_for_next(self):
+        """(lower dirs top-most first ending with the target, upper dir) for the next command."""
+        dirs = self.layer_dirs()
+        if self.absorbing:
+            self._snapshot = _signatures(L.read_layer(dirs[-1], self.dialect))
+            return list(reversed(dirs[:-1])) + [self.target], dirs[-1]
+        upper, _ = self.prepare_upper()
+        return list(reversed(dirs)) + [self.target], upper
+
     def prepare_upper(self):
         """A fresh, empty upper (and a work dir, which overlay empties itself on every mount)
         for the next command. The upper's root is what the command sees as the tree root: it
@@ -81,8 +98,6 @@ class Session:
         if os.path.lexists(self.path("upper")):
             remove_tree(self.path("upper"))
         os.mkdir(self.path("upper"), 0o700)
-        if not os.path.isdir(self.path("work")):
-            os.mkdir(self.path("work"), 0o700)
         layers = self.meta["layers"]
         top = L.read_root(self.path("layers", layers[-1]["dir"])) if layers else os.lstat(self.target)
         upper = self.path("upper")
@@ -95,6 +110,8 @@ class Session:
         """Turn the upper written by the last command into the next layer, if it changed
         anything. Returns the new layer's index, or None when the command wrote nothing.
         Cost grows with what the command wrote (and the stack depth), not with the tree."""
+        if self.absorbing:
+            return self._absorb(cause)
         upper = self.path("upper")
         index = len(self.meta["layers"])
         modes = L.open_up(upper)
@@ -113,6 +130,32 @@ class Session:
         store.append_jsonl(self.path("provenance.jsonl"), records)
         return index
 
+    def _absorb(self, cause):
+        """Past the stack limit: what the command changed in the top layer, recorded with its
+        cause on that layer."""
+        index = len(self.meta["layers"]) - 1
+        layer = self.meta["layers"][index]
+        top = self.path("layers", layer["dir"])
+        modes = dict(L._saved_modes(top), **L.open_up(top))
+        if modes:
+            store.write_json_atomic(L.modes_path(top), modes)
+        now = L.read_layer(top, self.dialect, index, modes)
+        before = getattr(self, "_snapshot", {})
+        changed = {p: e for p, e in now.items() if _signatures({p: e}).get(p) != before.get(p)}
+        gone = [p for p in before if p not in now]
+        below = list(reversed(self.layer_dirs()[:-1]))
+        records = self._layer_records(changed, index, cause, below)
+        records += [{"path": p, "kind": "undone", "layer": index, "caused_by": cause,
+                     "before": None, "after": None} for p in gone]
+        if not records:
+            return None
+        for rec in records:
+            rec["shared"] = True
+        layer.setdefault("causes", [layer["cause"]]).append(cause)
+        layer.update(coarse=True, paths=len(now) - 1, sealed=time.time())
+        store.append_jsonl(self.path("provenance.jsonl"), records)
+        return index
+
     def below(self, path, layer_dirs_top_first):
         """(abs path, lstat, from_real) of a path as the layers below see it."""
         where, st = L.resolve(path, layer_dirs_top_first, self.dialect)
@@ -123,12 +166,13 @@ class Session:
             return None, None, False
         return os.path.join(layer_dirs_top_first[where], path), st, False
 
-    def _layer_records(self, fresh, index, cause):
+    def _layer_records(self, fresh, index, cause, stack_dirs=None):
         """One provenance record per path this layer changed relative to the view below it.
 
         A path seen through to the real tree is touched for the first time: its real state is
         fingerprinted into the record ("base"), the evidence commit checks drift against."""
-        stack_dirs = list(reversed(self.layer_dirs()))
+        if stack_dirs is None:
+            stack_dirs = list(reversed(self.layer_dirs()))
         records = []
         for path in sorted(fresh, key=lambda p: p.split("/")):
             entry = fresh[path]
@@ -161,6 +205,13 @@ class Session:
             if "base" in rec and rec["path"] not in out:
                 out[rec["path"]] = rec["base"]
         return out
+
+
+def _signatures(entries):
+    """What identifies each entry of a layer, to see what a command changed in place."""
+    return {p: (e.kind, e.opaque, e.st.st_ino, e.st.st_size, e.st.st_mtime_ns, e.st.st_ctime_ns,
+                e.st.st_mode) if e.st is not None else (e.kind,)
+            for p, e in entries.items()}
 
 
 def fingerprint_of(st, sha):

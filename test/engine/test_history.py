@@ -104,3 +104,43 @@ def test_conflicts_cover_paths_replay_would_touch(ovl, target):
     proc = ovl("commit", sid)
     assert proc.returncode == 1 and "tmp.txt" in proc.err
     assert (target / "tmp.txt").read_text() == "theirs\n"
+
+
+def _fill(sid, ops, count, start=0):
+    for i in range(start, start + count):
+        assert ops.exec_in(sid, ["sh", "-c", f"echo {i} > f{i}; echo {i} >> log"]).exit_code == 0
+
+
+def test_past_the_stack_limit_the_top_savepoint_absorbs_and_records_every_cause(
+        home, backend, monkeypatch, target):
+    """No silent coarsening: at the limit the top savepoint takes further commands, says so,
+    and keeps each cause (the limit is lowered here; the real one is tested below)."""
+    from overlord import ops
+    from overlord.txn import session
+    monkeypatch.setenv("OVERLORD_TEST_BACKEND", backend)
+    monkeypatch.setattr(session, "MAX_SAVEPOINTS", 6)
+    sid = ops.run(["sh", "-c", "echo start > f"], target=str(target)).sid
+    _fill(sid, ops, 8)
+    pts = ops.savepoints(sid)
+    assert len(pts) == 6 and pts[-1]["coarse"] and len(pts[-1]["causes"]) == 4
+    assert all("echo" in c["command"] for c in pts[-1]["causes"])
+    records = [r for r in ops.store.read_jsonl(ops.get_session(sid).path("provenance.jsonl"))
+               if r.get("shared")]
+    assert {r["caused_by"]["command"] for r in records} >= {c["command"] for c in pts[-1]["causes"][1:]}
+    view = ops.exec_in(sid, ["sh", "-c", "test $(wc -l < log) -eq 8"])
+    assert view.exit_code == 0                       # nothing was lost
+    ops.rewind(sid, 2)                               # exact below the coarse savepoint
+    assert ops.exec_in(sid, ["sh", "-c", "test $(wc -l < log) -eq 2 && test ! -e f2"]).exit_code == 0
+
+
+def test_the_real_stack_limit_on_the_kernel_backend(home, monkeypatch, target):
+    from overlord import ops
+    from overlord.txn import session
+    monkeypatch.setenv("OVERLORD_TEST_BACKEND", "kernel")
+    sid = ops.run(["sh", "-c", "echo start > f"], target=str(target)).sid
+    _fill(sid, ops, session.MAX_SAVEPOINTS + 1)
+    pts = ops.savepoints(sid)
+    assert len(pts) == 499 and pts[-1]["coarse"] and len(pts[-1]["causes"]) == 3
+    assert ops.exec_in(sid, ["sh", "-c", "test $(wc -l < log) -eq 500"]).exit_code == 0
+    ops.rewind(sid, 250)
+    assert ops.exec_in(sid, ["sh", "-c", "test $(wc -l < log) -eq 250 && test -e f249 && test ! -e f250"]).exit_code == 0
