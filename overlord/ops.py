@@ -290,11 +290,6 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     return outcome, count
 
 
-def _hooks(*hooks):
-    hooks = [h for h in hooks if h]
-    return (lambda: [h() for h in hooks]) if hooks else None
-
-
 def _command_cwd(target):
     """The command starts where the caller is if that is inside the target, else at its root."""
     try:
