@@ -7,6 +7,7 @@
 2. open + diff + rollback of a one-file change: a 100,000-file target vs a 10-file target.
    (and: a jailed command vs the same command unjailed, in open sessions)
 3. commit of 10,000 new small files vs `cp -a` of the same files.
+4. a command at stack depth 1, 100 and 400; fork and rewind at depth 400.
 
 Figures and the machine they ran on are recorded in docs/PERFORMANCE.md.
 """
@@ -76,6 +77,28 @@ def bench_jailed(tmp, runs, backend):
             "ratio": results["jailed"] / results["plain"], "target": 1.3, "runs": runs}
 
 
+def bench_depth(tmp, runs, backend):
+    """A command at stack depth 1, 100 and 400; rewind and fork at depth 400."""
+    target = os.path.join(tmp, "depth")
+    os.mkdir(target)
+    sid = ops.run(["touch", "f0"], target=target, backend=backend).sid
+    out, depth = {}, 1
+    for want in (1, 100, 400):
+        while depth < want:
+            ops.exec_in(sid, ["touch", f"f{depth}"])
+            depth += 1
+        samples = []
+        for i in range(runs):
+            samples.append(timed(lambda i=i: ops.exec_in(sid, ["touch", f"d{want}-{i}"])))
+            ops.rewind(sid, depth - 1)           # keep the depth where it is
+        out[want] = median_ms(samples)
+    fork_ms = timed(lambda: ops.fork(sid, depth - 1)) * 1000
+    rewind_ms = timed(lambda: ops.rewind(sid, 0)) * 1000
+    return {"depth1_ms": out[1], "depth100_ms": out[100], "depth400_ms": out[400],
+            "ratio": out[400] / out[1], "target": 1.3, "fork400_ms": fork_ms,
+            "rewind400_ms": rewind_ms, "runs": runs}
+
+
 def make_tree(root, files, per_dir=1000):
     os.makedirs(root)
     for i in range(files):
@@ -137,7 +160,8 @@ def main():
                "per_command": bench_per_command(tmp, args.runs, args.backend),
                "jailed": bench_jailed(tmp, args.runs, args.backend),
                "open_diff_rollback": bench_open_diff_rollback(tmp, max(10, args.runs // 4), args.backend),
-               "commit_10k": bench_commit(tmp, args.backend)}
+               "commit_10k": bench_commit(tmp, args.backend),
+               "depth": bench_depth(tmp, max(10, args.runs // 3), args.backend)}
     finally:
         subprocess.run(["rm", "-rf", tmp])
     if args.json:
@@ -156,6 +180,10 @@ def main():
           f"  ratio {od['ratio']:.2f} (target <= {od['target']})")
     print(f"commit 10k files  {cm['overlord_ms']:8.1f} ms vs cp -a {cm['baseline_ms']:8.1f} ms"
           f"  ratio {cm['ratio']:.2f} (target <= {cm['target']})")
+    dp = out["depth"]
+    print(f"stack depth       {dp['depth1_ms']:.2f} / {dp['depth100_ms']:.2f} / {dp['depth400_ms']:.2f} ms"
+          f" at 1 / 100 / 400  ratio 400:1 {dp['ratio']:.2f} (target <= {dp['target']}); "
+          f"fork at 400 {dp['fork400_ms']:.0f} ms, rewind {dp['rewind400_ms']:.0f} ms (targets < 200)")
 
 
 if __name__ == "__main__":
