@@ -42,6 +42,15 @@ def _split_command(argv):
     return argv, None
 
 
+def _sid_command(sub, name, help, json=False, **kw):
+    """A subcommand that takes a session id (and, for reports, --json)."""
+    p = sub.add_parser(name, help=help, **kw)
+    p.add_argument("sid")
+    if json:
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
 def build_parser():
     p = Parser(prog="overlord", description="Transactional, attributed execution over a "
                "directory: run, review the change, commit or roll back.")
@@ -80,32 +89,21 @@ def build_parser():
     ss = sub.add_parser("sessions", help="list sessions with state, target and cause")
     ss.add_argument("--json", action="store_true", help="machine-readable output")
 
-    d = sub.add_parser("diff", help="what a session changed: added / modified / deleted / replaced-dir")
-    d.add_argument("sid")
-    d.add_argument("--json", action="store_true", help="machine-readable output")
+    _sid_command(sub, "diff", "what a session changed: added / modified / deleted / replaced-dir",
+                 json=True)
+    _sid_command(sub, "log", "per-change sha256 before -> after, layer and cause", json=True)
 
-    lg = sub.add_parser("log", help="per-change sha256 before -> after, layer and cause")
-    lg.add_argument("sid")
-    lg.add_argument("--json", action="store_true", help="machine-readable output")
-
-    ex = sub.add_parser("exec", help="run another command inside a pending session",
-                        description="Run CMD inside a pending session, over its current stack. A "
-                        "command that writes seals a new savepoint stamped with its command line; "
-                        "one that writes nothing adds none. Its exit status is passed through.")
-    ex.add_argument("sid")
+    ex = _sid_command(sub, "exec", "run another command inside a pending session",
+                      description="Run CMD inside a pending session, over its current stack. A "
+                      "command that writes seals a new savepoint stamped with its command line; "
+                      "one that writes nothing adds none. Its exit status is passed through.")
     ex.add_argument("--timeout", type=float, metavar="S", help="kill the command after S seconds")
     ex.add_argument("--wait", action="store_true", help="queue behind a command executing on the target")
 
-    sp = sub.add_parser("savepoints", help="the layer stack: one savepoint per command that wrote")
-    sp.add_argument("sid")
-    sp.add_argument("--json", action="store_true", help="machine-readable output")
-
-    rw = sub.add_parser("rewind", help="discard every savepoint above @N")
-    rw.add_argument("sid")
+    _sid_command(sub, "savepoints", "the layer stack: one savepoint per command that wrote", json=True)
+    rw = _sid_command(sub, "rewind", "discard every savepoint above @N")
     rw.add_argument("--to", required=True, metavar="N", help="the savepoint to keep as the top")
-
-    fk = sub.add_parser("fork", help="a second continuation of a savepoint, as a new session")
-    fk.add_argument("sid")
+    fk = _sid_command(sub, "fork", "a second continuation of a savepoint, as a new session")
     fk.add_argument("--at", required=True, metavar="N", help="the savepoint to fork from")
 
     cp = sub.add_parser("compare", help="where two sessions diverge, per path")
@@ -113,8 +111,7 @@ def build_parser():
     cp.add_argument("b")
     cp.add_argument("--json", action="store_true", help="machine-readable output")
 
-    c = sub.add_parser("commit", help="verify no external drift, replay onto the real tree")
-    c.add_argument("sid")
+    c = _sid_command(sub, "commit", "verify no external drift, replay onto the real tree")
     c.add_argument("--only", action="append", default=[], metavar="SEL",
                    help="replay only these savepoints: layer:N, layer:A-B, turn:N, tool:NAME, call:ID")
     c.add_argument("--drop", action="append", default=[], metavar="SEL",
@@ -123,8 +120,7 @@ def build_parser():
     c.add_argument("--merge", action="store_true", help="three-way merge non-overlapping drift "
                    "(needs a session run with --merge-base)")
 
-    rb = sub.add_parser("rollback", help="discard a session; the target stays byte-identical")
-    rb.add_argument("sid")
+    _sid_command(sub, "rollback", "discard a session; the target stays byte-identical")
 
     dr = sub.add_parser("doctor", help="which backends can run here, and why not")
     dr.add_argument("--json", action="store_true", help="machine-readable output")
