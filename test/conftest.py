@@ -66,6 +66,15 @@ class Ovl:
         return sorted(tuple(line.split("  ", 1)) for line in proc.out.splitlines())
 
 
+def state_of(ovl, sid):
+    """The state `overlord sessions` reports for a session, or None."""
+    for line in ovl("sessions", check=0).out.splitlines():
+        fields = line.split()
+        if fields and fields[0] == sid:
+            return fields[1]
+    return None
+
+
 def backend_params():
     forced = os.environ.get("OVERLORD_TEST_BACKEND")
     return [forced] if forced else ["kernel", "fuse"]

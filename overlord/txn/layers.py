@@ -72,7 +72,7 @@ def modes_path(layer_dir):
     return layer_dir.rstrip("/") + ".modes.json"
 
 
-def _saved_modes(layer_dir):
+def saved_modes(layer_dir):
     try:
         with open(modes_path(layer_dir), encoding="utf-8") as f:
             return json.load(f)
@@ -83,13 +83,13 @@ def _saved_modes(layer_dir):
 def read_root(layer_dir):
     """The lstat of a layer's root as the view reports it."""
     st = os.lstat(layer_dir)
-    mode = _saved_modes(layer_dir).get("")
+    mode = saved_modes(layer_dir).get("")
     return st if mode is None else with_mode(st, mode)
 
 
 def read_layer(layer_dir, dialect, index=None, modes=None):
     """All entries of one layer: {path: Entry}. Cost grows with the layer, not the tree."""
-    modes = _saved_modes(layer_dir) if modes is None else modes
+    modes = saved_modes(layer_dir) if modes is None else modes
     root_st = os.lstat(layer_dir)
     opaque_names = KERNEL_OPAQUE if dialect == "kernel" else FUSE_OPAQUE
     # the root carries the tree root's own mode (a chmod of "." is a change like any other)
@@ -159,7 +159,7 @@ def stack(layers):
     view, hidden = {}, set()
     for entries in reversed(layers):
         for path, entry in entries.items():
-            if path in view or any(p in hidden for p in parents(path)) or (path and path in hidden):
+            if path in view or any(p in hidden for p in parents(path)):
                 continue
             view[path] = entry
         for path, entry in entries.items():

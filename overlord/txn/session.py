@@ -136,7 +136,7 @@ class Session:
         index = len(self.meta["layers"]) - 1
         layer = self.meta["layers"][index]
         top = self.path("layers", layer["dir"])
-        modes = dict(L._saved_modes(top), **L.open_up(top))
+        modes = dict(L.saved_modes(top), **L.open_up(top))
         if modes:
             store.write_json_atomic(L.modes_path(top), modes)
         now = L.read_layer(top, self.dialect, index, modes)

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from conftest import Ovl
+from conftest import Ovl, state_of
 
 # One script, run inside the session and on the real tree: a JSON manifest of the tree at cwd.
 MANIFEST_PY = r"""
@@ -95,14 +95,6 @@ def assert_refused(proc, code=1):
     lines = proc.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("overlord: "), proc.err
     assert "Traceback" not in proc.err
-
-
-def state_of(ovl, sid):
-    for line in ovl("sessions", check=0).out.splitlines():
-        fields = line.split()
-        if fields and fields[0] == sid:
-            return fields[1]
-    return None
 
 
 def session_dir(home, sid):

@@ -11,6 +11,8 @@ import stat
 
 import pytest
 
+from conftest import state_of
+
 
 def snapshot(root):
     """{relative path (bytes): (type, mode, content-or-link, mtime_ns)} of a whole tree."""
@@ -41,14 +43,6 @@ def refused(proc, *words):
     for w in words:
         assert w in lines[0], (w, lines[0])
     return lines[0]
-
-
-def state_of(ovl, sid):
-    for line in ovl("sessions", check=0).out.splitlines():
-        fields = line.split()
-        if fields and fields[0] == sid:
-            return fields[1]
-    return None
 
 
 def session(ovl, target, script, **kw):

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from conftest import SESSION_RE
+from conftest import SESSION_RE, state_of
 
 SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 
@@ -36,14 +36,6 @@ def sleepers(mark):
 def session_dirs(home):
     d = home / "sessions"
     return sorted(n for n in os.listdir(d) if SID_RE.match(n)) if d.is_dir() else []
-
-
-def state_of(ovl, sid):
-    for line in ovl("sessions", check=0).out.splitlines():
-        m = re.match(r"^(\S+)\s+(\S+)", line)
-        if m and m.group(1) == sid:
-            return m.group(2)
-    return None
 
 
 def assert_timed_out_and_reviewable(ovl, target, sid, proc, started, mark):
