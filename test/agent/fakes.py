@@ -198,6 +198,17 @@ class Fake:
         return [f"unset knobs sent in {where}: {', '.join(extra)}"] if extra else []
 
 
+def strict_json(raw):
+    """What the API's own JSON parser makes of a tool input: an object, or {} (no NaN)."""
+    def refuse(name):
+        raise ValueError(name)
+    try:
+        value = json.loads(raw, parse_constant=refuse) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def pieces(text, n=5):
     """Fragments the way a stream delivers them (the first one empty, as APIs often send)."""
     return [""] + [text[i:i + n] for i in range(0, len(text), n)]
@@ -327,10 +338,7 @@ class AnthropicFake(Fake):
         for name, inp in calls:
             tid = f"toolu_{next(self.ids):04d}"
             raw = inp if isinstance(inp, str) else json.dumps(inp)
-            try:
-                parsed = json.loads(raw) if raw else {}
-            except ValueError:
-                parsed = {}
+            parsed = strict_json(raw)
             block({"type": "tool_use", "id": tid, "name": name, "input": {}},
                   [{"type": "input_json_delta", "partial_json": t} for t in pieces(raw, 7)],
                   {"type": "tool_use", "id": tid, "name": name, "input": parsed})
@@ -636,7 +644,7 @@ class GeminiFake(Fake):
 
     def __init__(self, key=KEY):
         super().__init__(key)
-        self.issued = {}        # (name, args json) -> thoughtSignature carried on that part
+        self.issued = {}        # (name, args json) -> the thoughtSignatures issued on such a call
 
     def error(self, status, message, kind=None):
         return {"error": {"code": status, "message": message,
@@ -679,7 +687,7 @@ class GeminiFake(Fake):
                 for pt in prev_calls:
                     fc = pt["functionCall"]
                     want = self.issued.get((fc["name"], json.dumps(fc.get("args"), sort_keys=True)))
-                    if want and pt.get("thoughtSignature") != want:
+                    if want and pt.get("thoughtSignature") not in want:
                         p.append(f"content {n}: function call {fc['name']} is missing a thought "
                                  "signature")
             else:
@@ -721,7 +729,8 @@ class GeminiFake(Fake):
             part = {"functionCall": {"name": name, "args": args}}
             if n == 0:    # Gemini 3: the first call of a turn carries the signature
                 part["thoughtSignature"] = f"CiQB{next(self.ids)}sig=="
-                self.issued[(name, json.dumps(args, sort_keys=True))] = part["thoughtSignature"]
+                self.issued.setdefault((name, json.dumps(args, sort_keys=True)), set()).add(
+                    part["thoughtSignature"])
             call_parts.append(part)
         if call_parts:
             ev.append(chunk(call_parts))
