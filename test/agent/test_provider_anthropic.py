@@ -198,3 +198,21 @@ def test_replay_without_state_is_built_from_the_neutral_message(fake):
     sent = fake.body()["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]   # result + note merged
     assert [b["type"] for b in sent[2]["content"]] == ["tool_result", "text"]
+
+
+def test_an_answer_of_the_wrong_shape_is_one_clean_line(fake):
+    odd = fake.turn(text="x")
+    odd.events = odd.events[:1] + [("content_block_start", {"type": "content_block_start",
+                                                            "content_block": {"type": "text"}})]
+    fake.queue(odd)
+    with pytest.raises(ProviderError) as e:
+        run(ep(fake), TASK)
+    assert "unexpected shape" in str(e.value) and "\n" not in str(e.value)
+    assert len(fake.requests) == 1
+
+
+def test_x_should_retry_false_is_obeyed(fake):
+    fake.queue(Answer(503, fake.error(503, "down for good"), headers={"x-should-retry": "false"}))
+    with pytest.raises(ProviderError) as e:
+        run(ep(fake), TASK)
+    assert e.value.status == 503 and len(fake.requests) == 1

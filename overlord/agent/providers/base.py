@@ -12,6 +12,14 @@ The neutral message list (what the agent records and replays):
     {"role": "tool", "results": [{"call_id", "name", "content": "text", "is_error": bool}]}
 
 Tools are [{"name", "description", "input_schema": <JSON schema object>}].
+
+Every provider module has complete(endpoint, system, messages, tools, on_delta=None,
+on_headers=None) -> Reply and list_models(endpoint) -> [{"id", "name"}]. on_delta(kind, text) gets
+kind "text" or "thinking" as the answer streams, and ("restart", "") when a broken stream is being
+retried from the start: drop what was shown; the Reply holds only the attempt that completed.
+on_headers(provider, headers) gets each response's rate-limit headers. Reply.usage also carries
+context_tokens (what the prompt filled of the context window, cache included) and, where the
+provider reports them, cache_read_tokens, cache_write_tokens and reasoning_tokens.
 """
 import dataclasses
 

@@ -116,7 +116,8 @@ def _delta(acc, choice, emit):
     if delta.get("refusal"):
         acc["refusal"].append(delta["refusal"])
         emit("text", delta["refusal"])
-    emit("thinking", delta.get("reasoning_content") or delta.get("reasoning") or "")
+    thought = delta.get("reasoning_content") or delta.get("reasoning")
+    emit("thinking", thought if isinstance(thought, str) else "")
     for n, tc in enumerate(delta.get("tool_calls") or []):
         slot = acc["calls"].setdefault(tc.get("index", n), {"id": None, "name": "", "args": []})
         slot["id"] = slot["id"] or tc.get("id")
@@ -135,7 +136,8 @@ def read_json(name, messages):
             raise _inband(name, data["error"])
         choice = (data.get("choices") or [{}])[0]
         msg = choice.get("message") or {}
-        emit("thinking", msg.get("reasoning_content") or msg.get("reasoning") or "")
+        thought = msg.get("reasoning_content") or msg.get("reasoning")
+        emit("thinking", thought if isinstance(thought, str) else "")
         emit("text", msg.get("content") or msg.get("refusal") or "")
         acc = {"text": [msg.get("content") or ""], "refusal": [msg.get("refusal") or ""],
                "finish": choice.get("finish_reason"), "usage": data.get("usage"),

@@ -18,8 +18,10 @@ def tool_input(text):
     Strict: NaN/Infinity, trailing garbage and non-objects are refused. An empty input is {}
     (a tool that takes no arguments streams nothing).
     """
-    if text is None or not str(text).strip():
+    if text is None or (isinstance(text, str) and not text.strip()):
         return {}, None
+    if not isinstance(text, str):
+        return {}, f"tool input is not a JSON object: {snippet(text)}"
     try:
         value = json.loads(text, parse_constant=_no_constants)
     except ValueError as e:

@@ -173,7 +173,7 @@ def _reply(turn, messages):
     for i, fc in enumerate(calls_parts):
         args = fc.get("args")
         value, why = (args, None) if isinstance(args, dict) else common.tool_input(args)
-        calls.append(ToolCall(ids[i], fc.get("name"), value if args is not None else {}, why))
+        calls.append(ToolCall(ids[i], fc.get("name"), value, why))
         state_calls.append({"id": ids[i], "name": fc.get("name"), "gid": fc.get("id")})
     finish = turn.finish
     category = None

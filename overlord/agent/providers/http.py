@@ -15,7 +15,8 @@ calls are only handed back in the final Reply.
 
 Tests make retries instant: set the module attribute `sleep`, or OVERLORD_RETRY_SCALE=0.
 Knobs from the environment: OVERLORD_PROVIDER_RETRIES (default 4 retries after the first try),
-OVERLORD_PROVIDER_TIMEOUT (connect and idle-read timeout, default 300 s), OVERLORD_RETRY_SCALE.
+OVERLORD_PROVIDER_TIMEOUT (connect and idle-read timeout, default 600 s: a non-streamed answer
+may take minutes before its first byte), OVERLORD_RETRY_SCALE.
 """
 import email.utils
 import http.client
@@ -56,7 +57,7 @@ def retries():
 
 
 def timeout():
-    return _env_num("OVERLORD_PROVIDER_TIMEOUT", 300.0)
+    return _env_num("OVERLORD_PROVIDER_TIMEOUT", 600.0)
 
 
 def _pause(seconds):
@@ -221,6 +222,7 @@ def call(provider, method, url, headers, body, read, *, on_delta=None, on_header
     """
     data = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
     headers = dict(headers)
+    headers.setdefault("user-agent", "overlord")
     if data is not None:
         headers.setdefault("content-type", "application/json")
     tries = retries() + 1
@@ -255,6 +257,10 @@ def call(provider, method, url, headers, body, read, *, on_delta=None, on_header
             if not e.retryable:
                 raise
             last = e
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+            # an answer of the wrong shape: a gateway or server bug, not weather; one clean line
+            raise ProviderError(scrub(f"{provider}: the endpoint's answer has an unexpected shape "
+                                      f"({type(e).__name__}: {e})", secrets)) from None
         if attempt + 1 < tries:
             wait = last.retry_after if last.retry_after is not None else backoff(attempt)
             _pause(min(wait, MAX_WAIT))
