@@ -137,3 +137,17 @@ def test_no_stream(fake):
     assert fake.requests[-1]["path"].endswith(":generateContent")
     assert reply.text == "Whole." and ("thinking", "hm") in deltas
     assert reply.tool_calls[0].input == {"path": "p", "content": ""}
+
+
+def test_text_signature_stays_on_its_part_and_is_replayed(fake):
+    fake.allowed.add("thinkingConfig")
+    fake.queue(fake.turn(thought="Consider it.", text="Plain answer."), fake.turn(text="Next."))
+    endpoint = ep(fake, thinking="summarized")
+    reply, _ = run(endpoint, TASK)
+    parts = reply.state["parts"]
+    assert parts[0] == {"text": "Consider it.", "thought": True}
+    assert parts[1]["text"] == "Plain answer." and parts[1]["thoughtSignature"].startswith("CiQBtext")
+    convo = TASK + [{"role": "assistant", "text": reply.text, "state": reply.state, "tool_calls": []},
+                    {"role": "user", "content": "and?"}]
+    run(endpoint, convo)
+    assert fake.body()["contents"][1] == {"role": "model", "parts": parts}

@@ -150,20 +150,25 @@ class _Turn:
                 self.finish, self.finish_message = cand["finishReason"], cand.get("finishMessage")
 
     def part(self, part):
-        if "text" in part and set(part) <= {"text", "thought", "thoughtSignature"}:
-            self.emit("thinking" if part.get("thought") else "text", part["text"])
-            if (self.open is not None and bool(self.open.get("thought")) == bool(part.get("thought"))) \
-                    or (self.open is not None and not part["text"] and part.get("thoughtSignature")):
-                self.open["text"] += part["text"]
-                if part.get("thoughtSignature"):
-                    self.open["thoughtSignature"] = part["thoughtSignature"]
-                    self.open = None      # a signature closes the part it belongs to
-                return
-            self.parts.append(dict(part))
-            self.open = None if part.get("thoughtSignature") else self.parts[-1]
+        """Stream fragments of one text (or thought) join into one part; a thoughtSignature stays
+        on the part it came with (an empty text part carrying only a signature joins the text
+        before it) and closes it. Any other part is kept as it came."""
+        if "text" not in part or not set(part) <= {"text", "thought", "thoughtSignature"}:
+            self.open = None
+            self.parts.append(copy.deepcopy(part))
             return
-        self.open = None
-        self.parts.append(copy.deepcopy(part))
+        thought, sig = bool(part.get("thought")), part.get("thoughtSignature")
+        self.emit("thinking" if thought else "text", part["text"])
+        joins = self.open is not None and (
+            bool(self.open.get("thought")) == thought or (not part["text"] and sig))
+        if not joins:
+            self.parts.append(dict(part))
+            self.open = None if sig else self.parts[-1]
+            return
+        self.open["text"] += part["text"]
+        if sig:
+            self.open["thoughtSignature"] = sig
+            self.open = None
 
 
 def _reply(turn, messages):

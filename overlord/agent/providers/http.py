@@ -6,7 +6,8 @@ protocol's final event; an in-band error the provider marks as transient (e.g. o
 A `retry-after` (or `retry-after-ms`) header is honoured exactly when it is at most MAX_WAIT
 seconds; a longer one ends the call at once (waiting an hour is not a retry). `x-should-retry`
 overrides the status when the server sends it. Not retried: other 4xx (a bad key, a bad request),
-a refused connection or an unknown host (configuration, not weather).
+a refused connection, an unknown host or a certificate that fails verification (configuration,
+not weather).
 
 The rule for a stream that breaks after some of it was already shown: the call is restarted
 cleanly. The Reply only ever holds one complete attempt; before the retry, on_delta receives
@@ -25,6 +26,7 @@ import os
 import random
 import re
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -195,7 +197,8 @@ def _open(provider, method, url, headers, data, secrets, on_headers, attempt):
         raise err from None
     except urllib.error.URLError as e:
         reason = e.reason
-        if isinstance(reason, (ConnectionRefusedError, socket.gaierror)) or isinstance(reason, str):
+        if isinstance(reason, (ConnectionRefusedError, socket.gaierror, ssl.SSLCertVerificationError,
+                               str)):     # configuration, not weather: retrying will not help
             raise ProviderError(scrub(f"{provider}: cannot reach {host}: {_why(reason)}", secrets)) from None
         raise _Retry(ProviderError(scrub(f"{provider}: connection to {host} failed: {_why(reason)}",
                                          secrets), retryable=True), backoff(attempt)) from None

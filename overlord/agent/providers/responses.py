@@ -149,8 +149,9 @@ def read_json(name):
         for item in final.get("output") or []:
             if item.get("type") == "reasoning":
                 emit("thinking", "".join(s.get("text", "") for s in item.get("summary") or []))
-            for part in item.get("content") or [] if item.get("type") == "message" else []:
-                emit("text", part.get("text") or part.get("refusal") or "")
+            elif item.get("type") == "message":
+                for part in item.get("content") or []:
+                    emit("text", part.get("text") or part.get("refusal") or "")
         return reply(name, final, final.get("output") or [])
     return read
 
