@@ -135,6 +135,8 @@ def _inband(error):
 
 
 def _finish_tool(block, raw):
+    if not raw and block.get("input"):
+        return                     # the whole input came with the block's start
     block["input"], why = common.tool_input(raw)
     if why:
         block["_malformed"] = why
