@@ -6,12 +6,14 @@
    layer, record provenance) vs util-linux `unshare -Urm sh -c 'mount -t overlay ...; exec true'`.
 2. open + diff + rollback of a one-file change: a 100,000-file target vs a 10-file target.
    (and: a jailed command vs the same command unjailed, in open sessions)
-3. commit of 10,000 new small files vs `cp -a` of the same files.
+3. commit of 10,000 new small files vs `cp -a` of the same files; and the same commit with
+   its crash safety (journal, syncfs) and the objects it keeps vs a bare replay.
 4. a command at stack depth 1, 100 and 400; fork and rewind at depth 400.
 
 Figures and the machine they ran on are recorded in docs/PERFORMANCE.md.
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -144,46 +146,125 @@ def bench_commit(tmp, backend, files=10_000):
             "target": 2.0, "files": files, "baseline": "cp -a"}
 
 
+@contextlib.contextmanager
+def bare_replay():
+    """The engine's replay with its crash safety switched off: no journal written, no
+    syncfs, no objects kept. Only for measuring what that safety costs."""
+    from overlord.linux import libc
+    from overlord.txn import replay
+    saved = (replay.Journal.save, replay.Journal.finish, libc.syncfs, os.environ.get("OVERLORD_OBJECT_MAX"))
+    replay.Journal.save = replay.Journal.finish = lambda self: None
+    libc.syncfs = lambda path: None
+    os.environ["OVERLORD_OBJECT_MAX"] = "0"
+    try:
+        yield
+    finally:
+        replay.Journal.save, replay.Journal.finish, libc.syncfs = saved[:3]
+        os.environ.pop("OVERLORD_OBJECT_MAX")
+        if saved[3] is not None:
+            os.environ["OVERLORD_OBJECT_MAX"] = saved[3]
+
+
+def bench_commit_journal(tmp, backend, files=10_000, rounds=3):
+    """A 10k-file commit three ways: bare replay, with the journal (crash-atomic), and with
+    the journal plus the objects blame and revert need (the default)."""
+    script = ("i=0; while [ $i -lt %d ]; do d=d$((i / 1000)); mkdir -p $d; echo $i > $d/f$i.txt; "
+              "i=$((i + 1)); done") % files
+    modes = {"bare": bare_replay, "journal": lambda: _env("OVERLORD_OBJECT_MAX", "0"),
+             "objects": contextlib.nullcontext}
+    samples = {m: [] for m in modes}
+    for r in range(rounds):
+        for mode, ctx in modes.items():
+            target = os.path.join(tmp, f"cj-{mode}-{r}")
+            os.mkdir(target)
+            sid = ops.run(["sh", "-c", script], target=target, backend=backend).sid
+            os.sync()
+            with ctx():
+                samples[mode].append(timed(lambda: ops.commit(sid)))
+    ms = {m: median_ms(v) for m, v in samples.items()}
+    return {"bare_ms": ms["bare"], "journal_ms": ms["journal"], "objects_ms": ms["objects"],
+            "ratio": ms["journal"] / ms["bare"], "ratio_objects": ms["objects"] / ms["bare"],
+            "target": 1.2, "files": files, "rounds": rounds}
+
+
+@contextlib.contextmanager
+def _env(name, value):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name)
+        if saved is not None:
+            os.environ[name] = saved
+
+
+def report(out):
+    """One line per benchmark that ran."""
+    lines = [f"{out['machine']} ({out['backend']} backend)"]
+    pc, jl = out.get("per_command"), out.get("jailed")
+    if pc:
+        lines.append(f"per-command       {pc['overlord_ms']:8.2f} ms vs unshare+mount {pc['baseline_ms']:8.2f} ms"
+                     f"  ratio {pc['ratio']:.2f} (target <= {pc['target']})")
+    if jl:
+        lines.append(f"jailed command    {jl['jailed_ms']:8.2f} ms vs unjailed {jl['unjailed_ms']:8.2f} ms"
+                     f"  ratio {jl['ratio']:.2f} (target <= {jl['target']})")
+        lines.append(f"jailed + net none {jl['jailed_net_none_ms']:8.2f} ms  (ratio to unjailed "
+                     f"{jl['jailed_net_none_ms'] / jl['unjailed_ms']:.2f}; a network namespace per command)")
+    od = out.get("open_diff_rollback")
+    if od:
+        lines.append(f"open+diff+rollback {od['large_ms']:7.2f} ms on 100k files vs {od['small_ms']:7.2f} ms on 10"
+                     f"  ratio {od['ratio']:.2f} (target <= {od['target']})")
+    cm = out.get("commit_10k")
+    if cm:
+        lines.append(f"commit 10k files  {cm['overlord_ms']:8.1f} ms vs cp -a {cm['baseline_ms']:8.1f} ms"
+                     f"  ratio {cm['ratio']:.2f} (target <= {cm['target']})")
+    cj = out.get("commit_journal")
+    if cj:
+        lines.append(f"commit journal    {cj['journal_ms']:8.1f} ms vs bare replay {cj['bare_ms']:8.1f} ms"
+                     f"  ratio {cj['ratio']:.2f} (target <= {cj['target']}); with objects kept "
+                     f"{cj['objects_ms']:.1f} ms, ratio {cj['ratio_objects']:.2f}")
+    dp = out.get("depth")
+    if dp:
+        lines.append(f"stack depth       {dp['depth1_ms']:.2f} / {dp['depth100_ms']:.2f} / {dp['depth400_ms']:.2f} ms"
+                     f" at 1 / 100 / 400  ratio 400:1 {dp['ratio']:.2f} (target <= {dp['target']}); "
+                     f"fork at 400 {dp['fork400_ms']:.0f} ms, rewind {dp['rewind400_ms']:.0f} ms (targets < 200)")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=60, help="samples per median (default 60)")
     p.add_argument("--backend", choices=("kernel", "fuse"), default="kernel")
+    p.add_argument("--only", help="comma-separated benchmarks to run (default: all): "
+                   "per_command, jailed, open_diff_rollback, commit_10k, commit_journal, depth")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="overlord-bench-")
     os.environ["OVERLORD_HOME"] = os.path.join(tmp, "home")
     backends.choose(args.backend)
+    runs = args.runs
+    benches = {
+        "per_command": lambda: bench_per_command(tmp, runs, args.backend),
+        "jailed": lambda: bench_jailed(tmp, runs, args.backend),
+        "open_diff_rollback": lambda: bench_open_diff_rollback(tmp, max(10, runs // 4), args.backend),
+        "commit_10k": lambda: bench_commit(tmp, args.backend),
+        "commit_journal": lambda: bench_commit_journal(tmp, args.backend),
+        "depth": lambda: bench_depth(tmp, max(10, runs // 3), args.backend),
+    }
+    chosen = args.only.split(",") if args.only else list(benches)
+    unknown = [c for c in chosen if c not in benches]
+    if unknown:
+        p.error(f"unknown benchmark(s): {', '.join(unknown)}")
+    out = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
+                      f"Linux {platform.release()}, Python {platform.python_version()}",
+           "backend": args.backend}
     try:
-        out = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
-                          f"Linux {platform.release()}, Python {platform.python_version()}",
-               "backend": args.backend,
-               "per_command": bench_per_command(tmp, args.runs, args.backend),
-               "jailed": bench_jailed(tmp, args.runs, args.backend),
-               "open_diff_rollback": bench_open_diff_rollback(tmp, max(10, args.runs // 4), args.backend),
-               "commit_10k": bench_commit(tmp, args.backend),
-               "depth": bench_depth(tmp, max(10, args.runs // 3), args.backend)}
+        for name in chosen:
+            out[name] = benches[name]()
     finally:
         subprocess.run(["rm", "-rf", tmp])
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    print(out["machine"], f"({args.backend} backend)")
-    pc, od, cm, jl = out["per_command"], out["open_diff_rollback"], out["commit_10k"], out["jailed"]
-    print(f"per-command       {pc['overlord_ms']:8.2f} ms vs unshare+mount {pc['baseline_ms']:8.2f} ms"
-          f"  ratio {pc['ratio']:.2f} (target <= {pc['target']})")
-    print(f"jailed command    {jl['jailed_ms']:8.2f} ms vs unjailed {jl['unjailed_ms']:8.2f} ms"
-          f"  ratio {jl['ratio']:.2f} (target <= {jl['target']}); vs unshare+mount "
-          f"{jl['jailed_ms'] / pc['baseline_ms']:.2f}")
-    print(f"jailed + net none {jl['jailed_net_none_ms']:8.2f} ms  (ratio to unjailed "
-          f"{jl['jailed_net_none_ms'] / jl['unjailed_ms']:.2f}; a network namespace per command)")
-    print(f"open+diff+rollback {od['large_ms']:7.2f} ms on 100k files vs {od['small_ms']:7.2f} ms on 10"
-          f"  ratio {od['ratio']:.2f} (target <= {od['target']})")
-    print(f"commit 10k files  {cm['overlord_ms']:8.1f} ms vs cp -a {cm['baseline_ms']:8.1f} ms"
-          f"  ratio {cm['ratio']:.2f} (target <= {cm['target']})")
-    dp = out["depth"]
-    print(f"stack depth       {dp['depth1_ms']:.2f} / {dp['depth100_ms']:.2f} / {dp['depth400_ms']:.2f} ms"
-          f" at 1 / 100 / 400  ratio 400:1 {dp['ratio']:.2f} (target <= {dp['target']}); "
-          f"fork at 400 {dp['fork400_ms']:.0f} ms, rewind {dp['rewind400_ms']:.0f} ms (targets < 200)")
+    print(json.dumps(out, indent=2) if args.json else report(out))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
 from overlord.txn import changes as C
 from overlord.txn import commit as K
-from overlord.txn import history, locks, replay, store
+from overlord.txn import history, locks, objects, replay, retain, store
 from overlord.txn.session import MAX_SAVEPOINTS, Session, open_stamp_ns, remove_tree
 
 GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
@@ -412,13 +412,33 @@ def commit(sid, force=False, merge=False, only=(), drop=()):
             merged = K.three_way(session, drifts, view)
             drifts = []
         K.refuse_if_drift(drifts, force)
-        replay.replay(sid, session.target, view, merged, consume=True)
+        keeper = objects.Keeper(sid)
+        try:
+            records = store.read_jsonl(session.path("provenance.jsonl"))
+            after = retain.written(keeper, view, merged, records)
+            before = replay.replay(sid, session.target, view, merged, consume=True,
+                                   keep=lambda bfd, steps: retain.replaced(keeper, bfd, steps))
+        except BaseException:
+            keeper.abandon()
+            raise
+        _keep_record(session, chosen, keeper, before, after, records)
         session.meta.update(state="committed", committed=time.time(), forced=bool(force and drifts),
                             merged=sorted(merged),
                             committed_layers=sorted(chosen) if chosen is not None else None)
         session.save()
     _drop_working_files(session)
     return CommitResult(sid, plan, sorted(merged))
+
+
+def _keep_record(session, chosen, keeper, before, after, records):
+    """The committed record (before/after of every path) and its objects. The commit already
+    stands: a failure here costs blame and revert their detail, never the commit."""
+    try:
+        retain.layer_versions(keeper, session, chosen, records)
+        keeper.finish()
+        retain.save(session, before, after, keeper)
+    except OSError:
+        pass
 
 
 def rollback(sid):

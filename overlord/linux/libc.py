@@ -215,3 +215,14 @@ def own_environ_and_argv_blocks():
 
 def machine():
     return platform.machine()
+
+
+def syncfs(path):
+    """Flush the whole filesystem holding path: one call per commit phase instead of an
+    fsync per file."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if libc().syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)

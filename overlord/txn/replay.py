@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 
+from overlord.linux import libc
 from overlord.txn import changes as C
 from overlord.txn import store
 
@@ -152,15 +153,19 @@ def plan_steps(fds, view, merged):
     return steps
 
 
-def replay(sid, target, view, merged=None, consume=False):
+def replay(sid, target, view, merged=None, consume=False, keep=None):
     """Make the real tree equal the view on every path the view names, atomically.
 
     merged: {path: bytes} for files whose content is a three-way merge result.
     consume: the layers are discarded afterwards, so files may be moved out of them.
+    keep: called once the commit is final, with the backup directory's fd and the steps, to
+    keep what was replaced before the backup is dropped; its result is returned (None if it
+    failed: the commit stands either way).
     """
     merged = merged or {}
     fds = DirFds(target)
     journal = Journal(sid, target)
+    bfd = None
     try:
         journal.data["steps"] = plan_steps(fds, view, merged)
         _open_layer_dirs(view, journal)
@@ -172,14 +177,25 @@ def replay(sid, target, view, merged=None, consume=False):
         for step in reversed(journal.data["steps"]):     # deepest first: children moved them
             if step["kind"] == "dir":
                 _finish_dir(fds, step["path"], view[step["path"]].st)
-        _syncfs(target)
+        libc.syncfs(target)
+        steps = journal.data["steps"]
         journal.finish()
     except BaseException:
+        if bfd is not None:
+            os.close(bfd)
         fds.close()
         undo(journal.data)
         raise
-    fds.close()
+    kept = None
+    try:
+        kept = keep(bfd, steps) if keep else None
+    except OSError:
+        pass
+    finally:
+        os.close(bfd)
+        fds.close()
     settle(journal.data)
+    return kept
 
 
 def _open_layer_dirs(view, journal):
@@ -333,22 +349,12 @@ def _copy_bytes(src, out):
         os.close(fd)
 
 
-def _syncfs(target):
-    from overlord.linux import libc
-    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if libc.libc().syncfs(fd) != 0:
-            os.sync()
-    finally:
-        os.close(fd)
-
-
 def _rmtree_at(fds, pfd, name):
-    _make_writable(pfd, name)
+    make_writable(pfd, name)
     shutil.rmtree(name, dir_fd=pfd)
 
 
-def _make_writable(pfd, name):
+def make_writable(pfd, name):
     """rmtree needs to list and unlink inside every directory, even mode-000 ones."""
     try:
         fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
@@ -360,7 +366,7 @@ def _make_writable(pfd, name):
         try:
             for child in os.scandir(rfd):
                 if child.is_dir(follow_symlinks=False):
-                    _make_writable(rfd, child.name)
+                    make_writable(rfd, child.name)
         finally:
             os.close(rfd)
     except OSError:
@@ -390,7 +396,7 @@ def undo(data):
                 os.chmod(d, mode)
             except OSError:
                 pass
-        _syncfs(target)
+        libc.syncfs(target)
     finally:
         fds.close()
     settle(data)

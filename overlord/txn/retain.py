@@ -1,0 +1,122 @@
+"""The record a commit leaves behind: for every path it touched, the state before and after
+(type, mode, sha256 or link text), with the bytes of both sides kept as objects.
+
+`committed.json` in the session directory is what `revert` inverts; the objects, together
+with each layer's provenance, are what `blame` walks. A state is None for "absent".
+"""
+import hashlib
+import json
+import os
+import stat
+
+from overlord.txn import changes as C
+from overlord.txn import store
+from overlord.txn.replay import make_writable
+
+READ_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def link_state(text):
+    return {"type": "symlink", "target": text, "sha": hashlib.sha256(os.fsencode(text)).hexdigest()}
+
+
+def written(keeper, view, merged, records):
+    """Before replay: the state every touched path will have, keeping each file's bytes
+    (copied: the layer's file itself is about to be moved into the tree). records: the
+    session's provenance, whose hashes spare hashing the files again."""
+    known = {(r["path"], r.get("layer", 0)): r.get("after") for r in records if r.get("after")}
+    out = {}
+    for path in C.touched_paths(view):
+        entry = view[path]
+        mode = stat.S_IMODE(entry.st.st_mode) if entry.st is not None else None
+        if entry.kind == "whiteout":
+            out[path] = None
+        elif entry.kind == "file":
+            sha = keeper.put_bytes(merged[path]) if path in merged else \
+                keeper.copy(entry.src, entry.st, known.get((path, entry.layer)))
+            out[path] = {"type": "file", "mode": mode, "sha": sha}
+        elif entry.kind == "symlink":
+            out[path] = link_state(os.readlink(entry.src))
+        elif entry.kind in ("dir", "other"):
+            out[path] = {"type": entry.kind, "mode": mode}
+    return out
+
+
+def replaced(keeper, bfd, steps):
+    """After replay, before the backup is dropped: the state every touched path had, taking
+    the replaced files into the object store instead of deleting them."""
+    out = {}
+    for n, step in enumerate(steps):
+        path = step["path"]
+        if not step["existed"]:
+            out.setdefault(path, None)
+            continue
+        try:
+            os.lstat(str(n), dir_fd=bfd)
+        except FileNotFoundError:
+            if step["dir"]:               # a directory replay kept in place
+                out.setdefault(path, {"type": "dir", "mode": stat.S_IMODE(step["mode"])})
+            continue
+        _walk(keeper, bfd, str(n), path, out)
+    return out
+
+
+def _walk(keeper, dfd, name, path, out):
+    st = os.lstat(name, dir_fd=dfd)
+    if stat.S_ISREG(st.st_mode):
+        out[path] = {"type": "file", "mode": stat.S_IMODE(st.st_mode), "sha": keeper.take_at(dfd, name)}
+    elif stat.S_ISLNK(st.st_mode):
+        out[path] = link_state(os.readlink(name, dir_fd=dfd))
+    elif stat.S_ISDIR(st.st_mode):
+        out[path] = {"type": "dir", "mode": stat.S_IMODE(st.st_mode)}
+        make_writable(dfd, name)
+        fd = os.open(name, READ_DIR, dir_fd=dfd)
+        try:
+            for child in os.listdir(fd):
+                _walk(keeper, fd, child, f"{path}/{child}" if path else child, out)
+        finally:
+            os.close(fd)
+    else:
+        out[path] = {"type": "other", "mode": st.st_mode}
+
+
+def layer_versions(keeper, session, chosen, records):
+    """Each committed layer's own version of a file (blame's intermediate steps), taken from
+    the layers before they are dropped."""
+    if not keeper.limit:
+        return
+    for rec in records:
+        sha, layer = rec.get("after"), rec.get("layer", 0)
+        if not sha or (chosen is not None and layer not in chosen) or keeper.has(sha):
+            continue
+        if layer >= len(session.meta["layers"]):
+            continue
+        parent, _, name = rec["path"].rpartition("/")
+        d = session.path("layers", session.meta["layers"][layer]["dir"], parent)
+        try:
+            fd = os.open(d, READ_DIR)
+        except OSError:
+            continue
+        try:
+            keeper.take_at(fd, name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def save(session, before, after, keeper):
+    paths = {p: {"before": before.get(p) if before is not None else "unknown", "after": after[p]}
+             for p in after}
+    for p, state in (before or {}).items():
+        paths.setdefault(p, {"before": state, "after": None})
+    store.write_json_atomic(session.path("committed.json"),
+                            {"paths": paths, "object_max": keeper.limit, "complete": before is not None})
+
+
+def load(session):
+    try:
+        with open(session.path("committed.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
