@@ -116,7 +116,7 @@ def test_past_the_stack_limit_the_top_savepoint_absorbs_and_records_every_cause(
     """No silent coarsening: at the limit the top savepoint takes further commands, says so,
     and keeps each cause (the limit is lowered here; the real one is tested below)."""
     from overlord import ops
-    from overlord.txn import session
+    from overlord.txn import session, store
     monkeypatch.setenv("OVERLORD_TEST_BACKEND", backend)
     monkeypatch.setattr(session, "MAX_SAVEPOINTS", 6)
     sid = ops.run(["sh", "-c", "echo start > f"], target=str(target)).sid
@@ -124,7 +124,7 @@ def test_past_the_stack_limit_the_top_savepoint_absorbs_and_records_every_cause(
     pts = ops.savepoints(sid)
     assert len(pts) == 6 and pts[-1]["coarse"] and len(pts[-1]["causes"]) == 4
     assert all("echo" in c["command"] for c in pts[-1]["causes"])
-    records = [r for r in ops.store.read_jsonl(ops.get_session(sid).path("provenance.jsonl"))
+    records = [r for r in store.read_jsonl(ops.get_session(sid).path("provenance.jsonl"))
                if r.get("shared")]
     assert {r["caused_by"]["command"] for r in records} >= {c["command"] for c in pts[-1]["causes"][1:]}
     view = ops.exec_in(sid, ["sh", "-c", "test $(wc -l < log) -eq 8"])

@@ -1,0 +1,124 @@
+"""The decision: commit (by cause, merged, crash-atomic) or roll back; and crash recovery."""
+import dataclasses
+import shutil
+import time
+
+from overlord.errors import OverlordError, UsageError
+from overlord.sandbox import limits
+from overlord.txn import changes as C
+from overlord.txn import commit as K
+from overlord.txn import history, locks, objects, replay, retain, store
+from overlord.txn.session import Session, remove_tree
+from overlord.ops.review import get_session
+
+
+# -- decide ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class CommitResult:
+    sid: str
+    changes: list
+    merged: list
+
+
+def commit(sid, force=False, merge=False, only=(), drop=()):
+    """Replay the session (or the savepoints chosen by cause) onto the real tree."""
+    session = get_session(sid)
+    state = session.meta["state"]
+    if state not in store.OPEN_STATES:
+        raise OverlordError(f"cannot commit session {sid}: it is {state}")
+    if merge and not session.meta.get("merge_base"):
+        raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
+    if merge and not shutil.which("git"):
+        raise OverlordError("commit --merge needs git (git merge-file); install git")
+    chosen = history.select(session, only, drop)
+    if chosen is not None and not chosen:
+        raise UsageError("the selectors leave no savepoint to commit")
+    with locks.TargetLock(session.target):
+        view = session.view(chosen)
+        plan = C.plan(view, session.target)
+        drifts = K.check_drift(session, view)
+        merged = {}
+        if drifts and merge:
+            hard = [d for d in drifts if not d.forceable]
+            K.refuse_if_drift(hard, force=False)
+            merged = K.three_way(session, drifts, view)
+            drifts = []
+        K.refuse_if_drift(drifts, force)
+        keeper = objects.Keeper(sid)
+        try:
+            records = store.read_jsonl(session.path("provenance.jsonl"))
+            after = retain.written(keeper, view, merged, records)
+            before = replay.replay(sid, session.target, view, merged, consume=True,
+                                   keep=lambda bfd, steps: retain.replaced(keeper, bfd, steps))
+        except BaseException:
+            keeper.abandon()
+            raise
+        _keep_record(session, chosen, keeper, before, after, records)
+        session.meta.update(state="committed", committed=time.time(), forced=bool(force and drifts),
+                            merged=sorted(merged),
+                            committed_layers=sorted(chosen) if chosen is not None else None)
+        session.save()
+    _drop_working_files(session)
+    return CommitResult(sid, plan, sorted(merged))
+
+
+def _keep_record(session, chosen, keeper, before, after, records):
+    """The committed record (before/after of every path) and its objects. The commit already
+    stands: a failure here costs blame and revert their detail, never the commit."""
+    try:
+        retain.layer_versions(keeper, session, chosen, records)
+        keeper.finish()
+        retain.save(session, before, after, keeper)
+    except OSError:
+        pass
+
+
+def rollback(sid):
+    session = get_session(sid)
+    state = session.meta["state"]
+    if state not in store.OPEN_STATES:
+        raise OverlordError(f"cannot roll back session {sid}: it is {state}")
+    session.meta.update(state="rolled-back", rolled_back=time.time())
+    session.save()
+    _drop_working_files(session)
+    return session.meta
+
+
+def _drop_working_files(session):
+    """Keep the small record (meta, provenance, syscalls); drop layers, scratch dirs and the
+    session's cgroup."""
+    limits.Cgroup(session.sid, None).remove()
+    for name in ("layers", "upper", "work", "merged", "base"):
+        remove_tree(session.path(name))
+
+
+def recover():
+    """Settle any commit a crash interrupted: undo it if it was not finished, or complete the
+    bookkeeping if it was. Every overlord command calls this first; it costs one listdir."""
+    for data in replay.pending_journals():
+        try:
+            with locks.TargetLock(data["target"], wait=True):
+                if data["state"] == "done":
+                    session = Session.load(data["sid"])
+                    if session.meta["state"] != "committed":
+                        session.meta.update(state="committed", committed=time.time(), recovered=True)
+                        session.save()
+                    replay.settle(data)
+                    _drop_working_files(session)
+                else:
+                    replay.undo(data)
+                    _note_restored(Session.load(data["sid"]), data)
+        except (OSError, OverlordError):
+            continue
+
+
+def _note_restored(session, data):
+    """Undoing a commit renames the originals back, which moves their ctime: remember the
+    restored (inode, ctime) so the retried commit does not mistake our own undo for drift."""
+    restored = {}
+    for step in data["steps"]:
+        st = C.lstat_or_none(C.real_path(data["target"], step["path"]))
+        if st is not None and step["existed"] and st.st_ino == step["ino"]:
+            restored[step["path"]] = [st.st_ino, st.st_ctime_ns]
+    store.write_json_atomic(session.path("restored.json"), restored)

@@ -1,0 +1,66 @@
+"""Listing sessions and what this host can do."""
+import dataclasses
+import os
+import shutil
+
+from overlord.linux import libc
+from overlord.sandbox import backends, harden, limits
+from overlord.sandbox import trace_ebpf
+from overlord.txn import store
+from overlord.txn.session import MAX_SAVEPOINTS
+
+
+# -- listing and diagnostics ----------------------------------------------------------------------
+
+def sessions():
+    return store.list_metas()
+
+
+@dataclasses.dataclass
+class DoctorReport:
+    backends: dict            # name -> (available, reason)
+    active: str
+    tools: dict               # name -> path or None
+    home: str
+    in_jail: bool
+    containment: dict         # layer -> (available, what it means here)
+
+
+def doctor():
+    probes = backends.probe_all()
+    forced = os.environ.get("OVERLORD_TEST_BACKEND")
+    if forced in probes and probes[forced][0]:
+        active = forced
+    else:
+        active = next((n for n, (ok, _) in probes.items() if ok), None)
+    tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
+    return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
+                        containment_layers(probes["kernel"][0], tools))
+
+
+def containment_layers(kernel_ok, tools):
+    """What each grant will mean on this host."""
+    kind, why = limits.cgroup_kind()
+    unenforced = limits.not_enforced({}, kind)
+    try:
+        harden.prepare()
+        seccomp_row = (True, f"filter for {libc.machine()}: mount, unshare, bpf, ptrace, ... refused")
+    except OSError as exc:
+        seccomp_row = (False, exc.strerror)
+    ebpf_ok, ebpf_why = trace_ebpf.available()
+    return {
+        "jail": (kernel_ok, "pivot_root jail on the kernel backend" if kernel_ok
+                 else "needs the kernel backend; the fuse backend refuses --jail"),
+        "net none": (kernel_ok, "a private, empty network namespace" if kernel_ok
+                     else "needs the kernel backend; the fuse backend refuses --net none"),
+        "hardening": seccomp_row,
+        "rlimits": (True, "processes, file size, open files" +
+                    ("" if kind else ", data segment (memory)") + " in every command"),
+        "cgroup": (kind is not None, f"cgroup {kind}: memory, pids, cpu around each session"
+                   if kind else f"none ({why}); not enforced: {', '.join(unenforced)}"),
+        "disk watch": (True, "each command's layer measured while it runs (exit 122 past the grant)"),
+        "savepoints": (True, f"one per writing command up to {MAX_SAVEPOINTS} (the kernel's overlay "
+                       "stack); past it the top savepoint absorbs commands and records each cause"),
+        "trace strace": (bool(tools.get("strace")), tools.get("strace") or "strace is not installed"),
+        "trace ebpf": (ebpf_ok, ebpf_why),
+    }

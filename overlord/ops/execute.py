@@ -1,0 +1,205 @@
+"""Opening sessions and running commands in them: `run`, `exec`."""
+import dataclasses
+import os
+import shlex
+import shutil
+import time
+
+from overlord.errors import LaunchError, OverlordError, UsageError
+from overlord.sandbox import backends, executor, harden, jail, limits
+from overlord.sandbox import trace_ebpf
+from overlord.sandbox.trace import Recorder
+from overlord.txn import locks, store
+from overlord.txn.session import Session, open_stamp_ns, remove_tree
+from overlord.ops.grants import _check_backend_grants, _inside, resolve_target
+from overlord.ops.review import _recover_stale, get_session
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RunResult:
+    sid: str
+    exit_code: int
+    timed_out: bool
+    state: str
+    changes: list
+    syscalls: int = None
+
+
+def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, stack=False,
+        pty_slave=None, cause=None, on_child=None):
+    """Open a session on target, run one command in it, leave it pending. Returns RunResult."""
+    if not argv:
+        raise UsageError("missing command after --")
+    grants = grants or {}
+    target = resolve_target(target)
+    mod = backends.choose(backend)
+    _check_backend_grants(mod, grants, target)
+    if trace not in (None, "strace", "ebpf"):
+        raise UsageError(f"--trace takes strace or ebpf, not {trace!r}")
+    if trace == "ebpf":
+        ok, why = trace_ebpf.available()
+        if not ok or mod.NAME != "kernel":
+            raise OverlordError(f"--trace ebpf is unavailable: {why if not ok else 'needs the kernel backend'}")
+    if trace == "strace" and not shutil.which("strace"):
+        raise OverlordError("--trace needs strace; install it (apt-get install strace)")
+    store.ensure_home()
+    with locks.TargetLock(target, wait=wait):
+        for meta in locks.pending_on(target):
+            if meta["state"] == "running":
+                _recover_stale(Session(meta))
+        others = locks.pending_on(target)
+        if others and not stack:
+            raise OverlordError(f"session {others[0]['sid']} is still {others[0]['state']} on "
+                                f"{target}: commit or roll it back first (--stack overrides)")
+        session = _create_session(target, mod, grants, argv, trace)
+        try:
+            outcome, count = _execute(session, mod, argv, cause or command_cause(argv),
+                                      pty_slave=pty_slave, on_child=on_child)
+        except LaunchError:
+            remove_tree(session.dir)      # a launch that failed leaves no half-made session
+            raise
+    session.meta.update(state="timed-out" if outcome.timed_out else "pending",
+                        exit_code=outcome.exit_code, finished=time.time())
+    session.save()
+    return RunResult(session.sid, outcome.exit_code, outcome.timed_out, session.meta["state"],
+                     session.plan(), count)
+
+
+@dataclasses.dataclass
+class ExecResult:
+    sid: str
+    exit_code: int
+    timed_out: bool
+    layer: int        # the savepoint this command sealed, or None if it wrote nothing
+
+
+def exec_in(sid, argv, cause=None, timeout=None, wait=False):
+    """Run one more command inside a pending session: the per-tool-call path."""
+    if not argv:
+        raise UsageError("missing command after --")
+    session = get_session(sid)
+    if session.meta["state"] not in store.OPEN_STATES:
+        raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
+    if session.meta.get("limit"):
+        raise OverlordError(f"session {sid} crossed its {session.meta['limit']} grant and can run "
+                            "nothing more; review it, then commit or roll it back")
+    mod = backends.get(session.dialect)
+    with locks.TargetLock(session.target, wait=wait):
+        before = len(session.meta["layers"])
+        outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout)
+        session.save()
+    layer = before if len(session.meta["layers"]) > before else None
+    return ExecResult(sid, outcome.exit_code, outcome.timed_out, layer)
+
+
+def command_cause(argv):
+    return {"kind": "command", "command": shlex.join(argv)}
+
+
+def _new_session_dir():
+    while True:
+        sid = store.new_sid()
+        try:
+            os.mkdir(store.session_dir(sid), 0o700)
+            return sid
+        except FileExistsError:
+            continue
+
+
+def _create_session(target, mod, grants, argv, trace):
+    sid = _new_session_dir()
+    meta = {"sid": sid, "target": target, "backend": mod.NAME, "state": "running",
+            "created": time.time(), "open_stamp_ns": open_stamp_ns(), "grants": grants,
+            "merge_base": bool(grants.get("merge_base")), "trace": trace,
+            "command": shlex.join(argv), "layers": [], "uid": os.getuid(),
+            "enforcement": enforcement(grants)}
+    session = Session(meta)
+    session.save()
+    return session
+
+
+def enforcement(grants):
+    """Which layers will hold the session's resource grants on this host."""
+    kind, why = limits.cgroup_kind()
+    return {"rlimits": True, "cgroup": kind, "cgroup_reason": None if kind else why,
+            "disk_watch": True, "not_enforced": limits.not_enforced(grants.get("limits"), kind)}
+
+
+def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=None):
+    """Run one command over the session's stack, under the session's grants, and seal what
+    it wrote as a new layer."""
+    grants, trace = session.meta["grants"], session.meta.get("trace")
+    jailed, net = bool(grants.get("jail")), grants.get("net", "host")
+    granted = limits.effective(grants.get("limits"))
+    lowers, upper = session.stack_for_next()
+    work = session.path("work")
+    if not os.path.isdir(work):
+        os.mkdir(work, 0o700)
+    recorder = Recorder(session.path("syscalls.jsonl")) if trace == "strace" else None
+    ebpf = trace_ebpf.EbpfRecorder(session.path("syscalls.jsonl")) if trace == "ebpf" else None
+    tty = os.ttyname(pty_slave) if pty_slave is not None else None
+    if jailed:
+        os.makedirs(session.path("root"), exist_ok=True)
+    cgroup = limits.Cgroup(session.sid, grants.get("limits"))
+    cgroup.create()
+    cgroup.enter()
+    child = {}
+    used = sum(layer.get("bytes", 0) for layer in session.meta["layers"])
+    disk_left = max(1, granted["disk_mb"] * limits.MiB - used) if granted["disk_mb"] else 0
+    disk = limits.DiskWatch(upper, disk_left, lambda: mod.terminate(child["pid"]))
+
+    def started(pid):
+        child["pid"] = pid
+        if ebpf:
+            ebpf.attach(pid)        # before the command may start; refuses to run without it
+        for hook in (recorder.start if recorder else None, on_child):
+            if hook:
+                hook()
+    spec = executor.Launch(
+        target=session.target, lowers=lowers, upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
+        env=executor.sandbox_env(jailed=jailed), timeout=timeout or grants.get("timeout"),
+        pty_slave=pty_slave, tty_path=(jail.CONSOLE if jailed else tty) if tty else None,
+        trace_fd=recorder.write_fd if recorder else None,
+        mount_point=session.path("merged"), hide=(store.home(),), net=net,
+        jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
+        hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
+        watch=disk.poll if disk.budget else None,
+        rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left))
+    try:
+        outcome = mod.launch(spec)
+    except BaseException:
+        for rec in (recorder, ebpf):
+            if rec:
+                rec.finish()
+        if not session.absorbing:
+            remove_tree(upper)
+        remove_tree(work)
+        raise
+    finally:
+        crossed = disk.stop()
+        for scratch in ("merged", "root"):
+            if os.path.isdir(session.path(scratch)) and not os.path.ismount(session.path(scratch)):
+                os.rmdir(session.path(scratch))
+    count = (recorder or ebpf).finish() if (recorder or ebpf) else None
+    if count is not None:
+        cause = dict(cause, syscalls=count)
+    if crossed:
+        outcome = executor.Outcome(limits.DISK_EXIT, outcome.timed_out)
+        session.meta["limit"] = "disk_mb"
+        cause = dict(cause, limit="disk_mb")
+    index = session.seal(cause)
+    if index is not None:
+        layer = session.meta["layers"][index]
+        layer["bytes"] = limits.layer_bytes(session.path("layers", layer["dir"]))
+    return outcome, count
+
+
+def _command_cwd(target):
+    """The command starts where the caller is if that is inside the target, else at its root."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except FileNotFoundError:
+        return target
+    return cwd if _inside(cwd, target) else target

@@ -1,0 +1,95 @@
+"""Grants (manifest and flags) and targets: what a session may do, and where."""
+import json
+import os
+
+from overlord.errors import OverlordError, UsageError
+from overlord.sandbox import jail, limits
+from overlord.txn import store
+
+GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
+NET_VALUES = ("host", "none")
+
+
+# -- grants -----------------------------------------------------------------------------------
+
+def load_manifest(path):
+    """Grants from a JSON manifest; unknown keys and broken JSON are refused."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"manifest not found: {path}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"manifest {path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read manifest {path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"manifest {path} must be a JSON object")
+    unknown = sorted(set(data) - set(GRANT_KEYS))
+    if unknown:
+        raise UsageError(f"manifest {path}: unknown key(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(GRANT_KEYS)})")
+    return validate_grants(data, f"manifest {path}")
+
+
+def validate_grants(grants, where="grants"):
+    out = {}
+    for key, value in grants.items():
+        if value is None:
+            continue
+        kind = GRANT_KEYS[key]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise UsageError(f"{where}: {key} has the wrong type ({type(value).__name__})")
+        if key == "net" and value not in NET_VALUES:
+            raise UsageError(f"{where}: net must be one of {', '.join(NET_VALUES)}")
+        if key == "timeout" and value <= 0:
+            raise UsageError(f"{where}: timeout must be a positive number of seconds")
+        if key == "limits":
+            value = limits.validate(value, f"{where}: limits")
+        out[key] = value
+    return out
+
+
+def merge_grants(manifest, flags, limit_flags=()):
+    """Flags override the manifest (each --limit key over the manifest's value for it)."""
+    grants = dict(manifest or {})
+    grants.update(validate_grants(flags, "flags"))
+    if limit_flags:
+        grants["limits"] = limits.parse(limit_flags, grants.get("limits"))
+    return grants
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+def resolve_target(target):
+    if target is None:
+        target = os.getcwd()
+    if not os.path.exists(target):
+        raise UsageError(f"target does not exist: {target}")
+    real = os.path.realpath(target)
+    if not os.path.isdir(real):
+        raise UsageError(f"target is not a directory: {target}")
+    if real == "/":
+        raise UsageError("the filesystem root cannot be a target")
+    home = os.path.realpath(store.home())
+    if _inside(home, real) or _inside(real, home):
+        raise UsageError(f"target {real} and OVERLORD_HOME {home} overlap; choose a target "
+                         "that neither contains nor lies inside OVERLORD_HOME")
+    return real
+
+
+def _inside(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _check_backend_grants(backend, grants, target):
+    """A backend that cannot honour a containment grant refuses it; it never pretends."""
+    if backend.NAME != "kernel":
+        if grants.get("jail"):
+            raise OverlordError(f"--jail needs the kernel backend; the {backend.NAME} backend is "
+                                "cooperative and refuses rather than running unjailed")
+        if grants.get("net") == "none":
+            raise OverlordError(f"--net none needs the kernel backend; the {backend.NAME} backend "
+                                "refuses rather than running with the network")
+    if grants.get("jail"):
+        jail.plan(target, grants.get("net", "host"))      # refuses a target it cannot jail

@@ -1,0 +1,66 @@
+"""Savepoints, rewind, fork and compare."""
+import os
+import shutil
+import time
+
+from overlord.errors import OverlordError, UsageError
+from overlord.txn import history, locks, store
+from overlord.txn.session import remove_tree
+from overlord.ops.execute import _new_session_dir
+from overlord.ops.review import _require_layers, get_session
+
+
+# -- history ------------------------------------------------------------------------------------
+
+def _open_session(sid, what):
+    session = get_session(sid)
+    if session.meta["state"] not in store.OPEN_STATES:
+        raise OverlordError(f"cannot {what} session {sid}: it is {session.meta['state']}")
+    return session
+
+
+def savepoints(sid):
+    return history.savepoints(get_session(sid))
+
+
+def rewind(sid, to):
+    """Drop every savepoint above @to (refused while a command runs on the target)."""
+    session = _open_session(sid, "rewind")
+    history.check_index(session, to)
+    with locks.TargetLock(session.target):
+        session = get_session(sid)
+        return history.rewind(session, to)
+
+
+def fork(sid, at):
+    """A new pending session on the same snapshot holding a copy of the stack up to @at."""
+    session = _open_session(sid, "fork")
+    history.check_index(session, at, "--at")
+    new = _new_session_dir()
+    try:
+        newdir = store.session_dir(new)
+        os.mkdir(os.path.join(newdir, "layers"), 0o700)
+        if os.path.isdir(session.path("base")):       # --merge-base copies, shared
+            shutil.copytree(session.path("base"), os.path.join(newdir, "base"), copy_function=os.link)
+        for layer in session.meta["layers"][:at + 1]:
+            history.copy_layer(session.path("layers", layer["dir"]),
+                               os.path.join(newdir, "layers", layer["dir"]))
+        store.append_jsonl(os.path.join(newdir, "provenance.jsonl"),
+                           history.fork_records(session, at))
+        meta = {k: v for k, v in session.meta.items() if k not in ("rewinds", "limit", "exit_code")}
+        meta.update(sid=new, state="pending", created=time.time(), layers=session.meta["layers"][:at + 1],
+                    forked_from={"sid": sid, "at": at}, pid=None)
+        store.save_meta(meta)
+    except BaseException:
+        remove_tree(store.session_dir(new))
+        raise
+    return new
+
+
+def compare(a, b):
+    if a == b:
+        raise UsageError("compare needs two different sessions")
+    sa, sb = get_session(a), get_session(b)
+    for s in (sa, sb):
+        _require_layers(s)
+    return history.compare(sa, sb)
