@@ -5,7 +5,8 @@ Faces parse and render; they call these functions and nothing below them. Result
 """
 from overlord.ops.decide import CommitResult, commit, recover, rollback
 from overlord.ops.doctor import DoctorReport, containment_layers, doctor, sessions
-from overlord.ops.execute import ExecResult, RunResult, command_cause, enforcement, exec_in, run
+from overlord.ops.execute import (Captured, ExecResult, RunResult, command_cause, enforcement, exec_capture,
+                                  exec_in, run)
 from overlord.ops.grants import load_manifest, merge_grants, resolve_target, validate_grants
 from overlord.ops.history import compare, fork, rewind, savepoints
 from overlord.ops.review import LogRecord, diff, get_session, log, syscalls
@@ -13,7 +14,7 @@ from overlord.ops.review import LogRecord, diff, get_session, log, syscalls
 __all__ = [
     "CommitResult", "commit", "recover", "rollback",
     "DoctorReport", "containment_layers", "doctor", "sessions",
-    "ExecResult", "RunResult", "command_cause", "enforcement", "exec_in", "run",
+    "Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run",
     "load_manifest", "merge_grants", "resolve_target", "validate_grants",
     "compare", "fork", "rewind", "savepoints",
     "LogRecord", "diff", "get_session", "log", "syscalls",

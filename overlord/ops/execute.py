@@ -75,8 +75,9 @@ class ExecResult:
     layer: int        # the savepoint this command sealed, or None if it wrote nothing
 
 
-def exec_in(sid, argv, cause=None, timeout=None, wait=False):
-    """Run one more command inside a pending session: the per-tool-call path."""
+def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None):
+    """Run one more command inside a pending session: the per-tool-call path.
+    stdio: (stdin, stdout, stderr) fds for the command (None: the caller's own)."""
     if not argv:
         raise UsageError("missing command after --")
     session = get_session(sid)
@@ -88,10 +89,74 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False):
     mod = backends.get(session.dialect)
     with locks.TargetLock(session.target, wait=wait):
         before = len(session.meta["layers"])
-        outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout)
+        outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout,
+                              stdio=stdio)
         session.save()
     layer = before if len(session.meta["layers"]) > before else None
     return ExecResult(sid, outcome.exit_code, outcome.timed_out, layer)
+
+
+@dataclasses.dataclass
+class Captured:
+    sid: str
+    exit_code: int
+    timed_out: bool
+    layer: int
+    stdout: bytes
+    stderr: bytes
+    truncated: bool          # output over the cap: head and tail kept, the middle dropped
+
+
+def exec_capture(sid, argv, input=b"", cause=None, timeout=None, wait=False, cap=64 << 10):
+    """exec_in with the command's stdin fed from `input` (never argv: any size works) and its
+    output captured, keeping at most `cap` bytes per stream (head and tail)."""
+    stdin = os.memfd_create("overlord-stdin", os.MFD_CLOEXEC)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    out, err = _Tail(out_r, cap), _Tail(err_r, cap)
+    try:
+        os.write(stdin, input)
+        os.lseek(stdin, 0, os.SEEK_SET)
+        res = exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=(stdin, out_w, err_w))
+    finally:
+        for fd in (stdin, out_w, err_w):      # our copies: the readers see EOF when the command ends
+            os.close(fd)
+        (stdout, cut_out), (stderr, cut_err) = out.join(), err.join()
+    return Captured(sid, res.exit_code, res.timed_out, res.layer, stdout, stderr, cut_out or cut_err)
+
+
+class _Tail:
+    """Drains a pipe on a thread, keeping its first and last cap/2 bytes."""
+
+    def __init__(self, fd, cap):
+        import threading
+        self.fd, self.cap = fd, cap
+        self.head, self.tail, self.dropped = bytearray(), bytearray(), False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        half = self.cap // 2
+        while True:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                break
+            room = half - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+                chunk = chunk[room:]
+            if chunk:
+                self.tail += chunk
+                if len(self.tail) > half:
+                    del self.tail[:len(self.tail) - half]
+                    self.dropped = True
+        os.close(self.fd)
+
+    def join(self):
+        self.thread.join()
+        if self.dropped:
+            return bytes(self.head) + b"\n[... output truncated ...]\n" + bytes(self.tail), True
+        return bytes(self.head + self.tail), False
 
 
 def command_cause(argv):
@@ -127,7 +192,7 @@ def enforcement(grants):
             "disk_watch": True, "not_enforced": limits.not_enforced(grants.get("limits"), kind)}
 
 
-def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=None):
+def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=None, stdio=None):
     """Run one command over the session's stack, under the session's grants, and seal what
     it wrote as a new layer."""
     grants, trace = session.meta["grants"], session.meta.get("trace")
@@ -166,7 +231,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
         hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
         watch=disk.poll if disk.budget else None,
-        rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left))
+        rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left), stdio=stdio)
     try:
         outcome = mod.launch(spec)
     except BaseException:

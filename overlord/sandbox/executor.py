@@ -56,6 +56,7 @@ class Launch:
                                     # may start the command (cgroup, trace reader, watchers)
     rlimits: list = ()              # [(resource, value)] set before the command starts
     watch: object = None            # called every 0.1 s while the command runs (disk grant)
+    stdio: tuple = None             # (stdin, stdout, stderr) fds for the command; None: inherit
 
 
 @dataclasses.dataclass
@@ -106,6 +107,9 @@ def spawn_command(launch, cwd):
             except OSError:
                 pass
     actions = []
+    for target_fd, fd in enumerate(launch.stdio or ()):
+        if fd is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, fd, target_fd))
     if launch.pty_slave is not None:
         # a session leader opening a tty (without O_NOCTTY) makes it its controlling terminal
         actions.append((os.POSIX_SPAWN_OPEN, 0, launch.tty_path, os.O_RDWR, 0))
