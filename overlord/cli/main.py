@@ -123,6 +123,18 @@ def build_parser():
 
     _sid_command(sub, "rollback", "discard a session; the target stays byte-identical")
 
+    rv = _sid_command(sub, "revert", "stage the undo of a committed session as a new pending "
+                      "session (review it, then commit it)")
+    rv.add_argument("--stack", action="store_true", help="open even though another session is pending here")
+
+    bl = sub.add_parser("blame", help="each line of a file with the session, turn and tool call "
+                        "that produced it", description="Each line of a committed file with its "
+                        "owner: the session, savepoint and cause that first produced it; 'origin' "
+                        "for lines older than the record, 'drift' for lines changed outside "
+                        "OVERLORD since the last commit.")
+    bl.add_argument("path")
+    bl.add_argument("--json", action="store_true", help="machine-readable output")
+
     dr = sub.add_parser("doctor", help="which backends can run here, and why not")
     dr.add_argument("--json", action="store_true", help="machine-readable output")
     agent_cmds.add_parsers(sub)
@@ -254,6 +266,11 @@ def cmd_commit(args):
     return 0
 
 
+def cmd_revert(args):
+    print(f"session {ops.revert(args.sid, stack=args.stack)}")
+    return 0
+
+
 def cmd_rollback(args):
     ops.rollback(args.sid)
     print(f"rolled back {args.sid}")
@@ -276,6 +293,9 @@ def cmd_savepoints(args):
         n = p["paths"]
         shared = (f"  (+{len(p['causes']) - 1} more causes share this savepoint: the stack "
                   "limit was reached)" if p["coarse"] else "")
+        if p["pinned"]:
+            shared += ("  (a process outside the command still held the mount when it was "
+                       "sealed: later writes through it may be in this savepoint)")
         print(f"@{p['n']}  {n} path{'' if n == 1 else 's'}  "
               f"{R.escape_path(R.cause_text(p['cause']))}{shared}")
     return 0
@@ -303,6 +323,19 @@ def cmd_compare(args):
     return 0
 
 
+def cmd_blame(args):
+    result = ops.blame(args.path)
+    if args.json:
+        R.dump_json(result)
+        return 0
+    labels = [R.owner_text(line["owner"]) for line in result["lines"]]
+    width = max((len(lb) for lb in labels), default=0)
+    digits = len(str(len(labels)))
+    for lb, line in zip(labels, result["lines"]):
+        print(f"{lb.ljust(width)}  {str(line['n']).rjust(digits)}  {R.escape_text(line['text'])}")
+    return 0
+
+
 def cmd_doctor(args):
     report = ops.doctor()
     if args.json:
@@ -311,7 +344,8 @@ def cmd_doctor(args):
                      "active": report.active, "tools": report.tools, "home": report.home,
                      "in_jail": report.in_jail,
                      "containment": {n: {"available": ok, "detail": d}
-                                     for n, (ok, d) in report.containment.items()}})
+                                     for n, (ok, d) in report.containment.items()},
+                     "coarse": [{"sid": sid, "detail": d} for sid, d in report.coarse]})
         return 0
     if report.in_jail:
         print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
@@ -323,9 +357,11 @@ def cmd_doctor(args):
     for tool, path in report.tools.items():
         print(f"{tool}: {path or 'not found'}")
     print(f"home: {R.escape_path(report.home)}")
+    for sid, detail in report.coarse:
+        print(f"coarser savepoints in {sid}: {detail}")
     return 0 if report.active else 1
 
 
 COMMANDS = {"savepoints": cmd_savepoints, "rewind": cmd_rewind, "fork": cmd_fork,
             "compare": cmd_compare, "shell": cmd_shell, "sessions": cmd_sessions, "diff": cmd_diff, "log": cmd_log,
-            "commit": cmd_commit, "rollback": cmd_rollback, "doctor": cmd_doctor}
+            "commit": cmd_commit, "blame": cmd_blame, "revert": cmd_revert, "rollback": cmd_rollback, "doctor": cmd_doctor}

@@ -7,10 +7,20 @@ import time
 def escape_path(path):
     """Printable form of a path: invalid bytes as \\xNN, control characters escaped; the
     tree root itself is '.'."""
-    if path == "":
-        return "."
+    return "." if path == "" else _escape(path)
+
+
+def escape_text(text):
+    """A line of a file made safe for a terminal: tabs kept, other controls escaped."""
+    return _escape(text, keep="\t\\")
+
+
+def _escape(text, keep=""):
     out = []
-    for ch in path:
+    for ch in text:
+        if ch in keep:
+            out.append(ch)
+            continue
         code = ord(ch)
         if 0xDC80 <= code <= 0xDCFF:          # an undecodable byte (surrogateescape)
             out.append(f"\\x{code - 0xDC00:02x}")
@@ -51,7 +61,21 @@ def cause_text(cause):
         return ""
     if cause.get("kind") == "command":
         return cause.get("command", "")
+    if "turn" in cause or "tool" in cause:
+        head = " ".join(str(cause[k]) for k in ("turn", "tool", "call") if cause.get(k) is not None)
+        head = f"turn {head}" if "turn" in cause else head
+        return f"{head}: {cause['summary']}" if cause.get("summary") else head
+    if cause.get("kind") == "revert":
+        return f"revert of {cause.get('of')}"
     return cause.get("summary") or json.dumps(cause, sort_keys=True)
+
+
+def owner_text(owner, width=60):
+    """A blame owner in one cell: origin / drift / unknown, or session @layer and cause."""
+    if isinstance(owner, str):
+        return owner
+    text = f"{owner['sid']} @{owner['layer']} {cause_text(owner)}".rstrip()
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def when(ts):

@@ -9,13 +9,14 @@ from overlord.ops.execute import (Captured, ExecResult, RunResult, command_cause
                                   exec_in, run)
 from overlord.ops.grants import load_manifest, merge_grants, resolve_target, validate_grants
 from overlord.ops.history import compare, fork, rewind, savepoints
-from overlord.ops.review import LogRecord, diff, get_session, log, syscalls
+from overlord.ops.revert import revert
+from overlord.ops.review import LogRecord, blame, diff, get_session, log, syscalls
 
 __all__ = [
     "CommitResult", "commit", "recover", "rollback",
     "DoctorReport", "containment_layers", "doctor", "sessions",
     "Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run",
     "load_manifest", "merge_grants", "resolve_target", "validate_grants",
-    "compare", "fork", "rewind", "savepoints",
-    "LogRecord", "diff", "get_session", "log", "syscalls",
+    "compare", "fork", "rewind", "savepoints", "revert",
+    "LogRecord", "blame", "diff", "get_session", "log", "syscalls",
 ]

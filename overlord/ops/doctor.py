@@ -24,6 +24,7 @@ class DoctorReport:
     home: str
     in_jail: bool
     containment: dict         # layer -> (available, what it means here)
+    coarse: list = dataclasses.field(default_factory=list)   # [(sid, what got coarser)]
 
 
 def doctor():
@@ -35,7 +36,23 @@ def doctor():
         active = next((n for n, (ok, _) in probes.items() if ok), None)
     tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
     return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
-                        containment_layers(probes["kernel"][0], tools))
+                        containment_layers(probes["kernel"][0], tools), coarse_sessions())
+
+
+def coarse_sessions():
+    """Open sessions where attribution got coarser than one savepoint per command."""
+    out = []
+    for meta in store.list_metas():
+        if meta.get("state") not in store.OPEN_STATES:
+            continue
+        top = meta["layers"][-1] if meta.get("layers") else {}
+        if top.get("coarse"):
+            out.append((meta["sid"], f"at the {MAX_SAVEPOINTS}-savepoint limit: "
+                        f"{len(top.get('causes', []))} causes share @{len(meta['layers']) - 1}"))
+        if meta.get("pinned"):
+            out.append((meta["sid"], f"the fuse mount was pinned after {len(meta['pinned'])} "
+                        "command(s): later writes may share a savepoint"))
+    return out
 
 
 def containment_layers(kernel_ok, tools):
@@ -60,7 +77,8 @@ def containment_layers(kernel_ok, tools):
                    if kind else f"none ({why}); not enforced: {', '.join(unenforced)}"),
         "disk watch": (True, "each command's layer measured while it runs (exit 122 past the grant)"),
         "savepoints": (True, f"one per writing command up to {MAX_SAVEPOINTS} (the kernel's overlay "
-                       "stack); past it the top savepoint absorbs commands and records each cause"),
+                       "stack); past it the top savepoint absorbs commands and records each cause; on the "
+                       "fuse backend a process that pins the mount may make one coarser, recorded on it"),
         "trace strace": (bool(tools.get("strace")), tools.get("strace") or "strace is not installed"),
         "trace ebpf": (ebpf_ok, ebpf_why),
     }

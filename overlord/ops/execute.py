@@ -46,13 +46,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
         raise OverlordError("--trace needs strace; install it (apt-get install strace)")
     store.ensure_home()
     with locks.TargetLock(target, wait=wait):
-        for meta in locks.pending_on(target):
-            if meta["state"] == "running":
-                _recover_stale(Session(meta))
-        others = locks.pending_on(target)
-        if others and not stack:
-            raise OverlordError(f"session {others[0]['sid']} is still {others[0]['state']} on "
-                                f"{target}: commit or roll it back first (--stack overrides)")
+        refuse_if_pending(target, stack)
         session = _create_session(target, mod, grants, argv, trace)
         try:
             outcome, count = _execute(session, mod, argv, cause or command_cause(argv),
@@ -67,6 +61,17 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
                      session.plan(), count)
 
 
+def refuse_if_pending(target, stack):
+    """One pending session per target unless --stack (call with the target lock held)."""
+    for meta in locks.pending_on(target):
+        if meta["state"] == "running":
+            _recover_stale(Session(meta))
+    others = locks.pending_on(target)
+    if others and not stack:
+        raise OverlordError(f"session {others[0]['sid']} is still {others[0]['state']} on "
+                            f"{target}: commit or roll it back first (--stack overrides)")
+
+
 @dataclasses.dataclass
 class ExecResult:
     sid: str
@@ -75,9 +80,11 @@ class ExecResult:
     layer: int        # the savepoint this command sealed, or None if it wrote nothing
 
 
-def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None):
+def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=None):
     """Run one more command inside a pending session: the per-tool-call path.
-    stdio: (stdin, stdout, stderr) fds for the command (None: the caller's own)."""
+    stdio: (stdin, stdout, stderr) fds for the command (None: the caller's own).
+    cancel: a threading.Event; once it is set the command's whole tree is killed (within
+    0.1 s), whatever signals it ignores -- an agent's Ctrl-C."""
     if not argv:
         raise UsageError("missing command after --")
     session = get_session(sid)
@@ -90,7 +97,7 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None):
     with locks.TargetLock(session.target, wait=wait):
         before = len(session.meta["layers"])
         outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout,
-                              stdio=stdio)
+                              stdio=stdio, cancel=cancel)
         session.save()
     layer = before if len(session.meta["layers"]) > before else None
     return ExecResult(sid, outcome.exit_code, outcome.timed_out, layer)
@@ -107,7 +114,8 @@ class Captured:
     truncated: bool          # output over the cap: head and tail kept, the middle dropped
 
 
-def exec_capture(sid, argv, input=b"", cause=None, timeout=None, wait=False, cap=64 << 10):
+def exec_capture(sid, argv, input=b"", cause=None, timeout=None, wait=False, cap=64 << 10,
+                 cancel=None):
     """exec_in with the command's stdin fed from `input` (never argv: any size works) and its
     output captured, keeping at most `cap` bytes per stream (head and tail)."""
     stdin = os.memfd_create("overlord-stdin", os.MFD_CLOEXEC)
@@ -117,7 +125,8 @@ def exec_capture(sid, argv, input=b"", cause=None, timeout=None, wait=False, cap
     try:
         os.write(stdin, input)
         os.lseek(stdin, 0, os.SEEK_SET)
-        res = exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=(stdin, out_w, err_w))
+        res = exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=(stdin, out_w, err_w),
+                      cancel=cancel)
     finally:
         for fd in (stdin, out_w, err_w):      # our copies: the readers see EOF when the command ends
             os.close(fd)
@@ -192,7 +201,8 @@ def enforcement(grants):
             "disk_watch": True, "not_enforced": limits.not_enforced(grants.get("limits"), kind)}
 
 
-def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=None, stdio=None):
+def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=None, stdio=None,
+             cancel=None):
     """Run one command over the session's stack, under the session's grants, and seal what
     it wrote as a new layer."""
     grants, trace = session.meta["grants"], session.meta.get("trace")
@@ -215,6 +225,12 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     disk_left = max(1, granted["disk_mb"] * limits.MiB - used) if granted["disk_mb"] else 0
     disk = limits.DiskWatch(upper, disk_left, lambda: mod.terminate(child["pid"]))
 
+    def watch():
+        if disk.budget:
+            disk.poll()
+        if cancel is not None and cancel.is_set():
+            mod.terminate(child["pid"])
+
     def started(pid):
         child["pid"] = pid
         if ebpf:
@@ -230,7 +246,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         mount_point=session.path("merged"), hide=(store.home(),), net=net,
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
         hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
-        watch=disk.poll if disk.budget else None,
+        watch=watch if disk.budget or cancel is not None else None,
         rlimits=limits.rlimits(grants.get("limits"), cgroup.memory, disk_left), stdio=stdio)
     try:
         outcome = mod.launch(spec)
@@ -246,18 +262,28 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         crossed = disk.stop()
         for scratch in ("merged", "root"):
             if os.path.isdir(session.path(scratch)) and not os.path.ismount(session.path(scratch)):
-                os.rmdir(session.path(scratch))
+                try:
+                    os.rmdir(session.path(scratch))
+                except OSError:
+                    pass          # something was put in it after a lazy unmount
     count = (recorder or ebpf).finish() if (recorder or ebpf) else None
     if count is not None:
         cause = dict(cause, syscalls=count)
     if crossed:
-        outcome = executor.Outcome(limits.DISK_EXIT, outcome.timed_out)
+        outcome = executor.Outcome(limits.DISK_EXIT, outcome.timed_out, outcome.pinned)
         session.meta["limit"] = "disk_mb"
         cause = dict(cause, limit="disk_mb")
     index = session.seal(cause)
     if index is not None:
         layer = session.meta["layers"][index]
         layer["bytes"] = limits.layer_bytes(session.path("layers", layer["dir"]))
+    if outcome.pinned:
+        # a process outside the command still held the fuse mount: what it writes from now on
+        # lands in this savepoint (or nowhere, if the command wrote nothing), unattributed
+        session.meta.setdefault("pinned", []).append({"at": time.time(), "layer": index,
+                                                      "cause": cause})
+        if index is not None:
+            session.meta["layers"][index]["pinned"] = True
     return outcome, count
 
 

@@ -4,6 +4,7 @@ import os
 
 from overlord.errors import OverlordError
 from overlord.sandbox import backends
+from overlord.txn import blame as txn_blame
 from overlord.txn import changes as C
 from overlord.txn import locks, store
 from overlord.txn.session import Session
@@ -87,3 +88,8 @@ def _net_provenance(session):
 
 def syscalls(sid):
     return store.read_jsonl(get_session(sid).path("syscalls.jsonl"))
+
+
+def blame(path):
+    """Each line of a committed file with the session, layer and cause that produced it."""
+    return txn_blame.blame(path)

@@ -63,6 +63,7 @@ class Launch:
 class Outcome:
     exit_code: int
     timed_out: bool = False
+    pinned: bool = False      # fuse: something still held the mount, so it was detached lazily
 
 
 def report_and_exit(errfd, exc, code=126):

@@ -56,18 +56,20 @@ def mount(spec):
 
 
 def unmount(mount_point):
-    """Unmount; lazily if something still pins the mount (the next savepoint may be coarser)."""
+    """Unmount; lazily if something still pins the mount. Returns True when it was lazy: a
+    process holding the mount may then still write into the layer being sealed."""
     _, fusermount = _binaries()
-    for args in (["-u"], ["-u", "-z"]):
+    for lazy in (False, True):
         if fusermount:
-            proc = subprocess.run([fusermount, *args, mount_point], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.run([fusermount, "-u", *(["-z"] if lazy else []), mount_point],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
             if proc.returncode == 0:
-                return
+                return lazy
         else:
             try:
-                libc.umount2(mount_point, libc.MNT_DETACH if "-z" in args else 0)
-                return
+                libc.umount2(mount_point, libc.MNT_DETACH if lazy else 0)
+                return lazy
             except OSError:
                 pass
     raise LaunchError(f"cannot unmount {mount_point}")
@@ -77,9 +79,12 @@ def launch(spec):
     """Mount, run the command with its cwd inside the merged view, unmount."""
     mount(spec)
     try:
-        return _run(spec)
-    finally:
+        outcome = _run(spec)
+    except BaseException:
         unmount(spec.mount_point)
+        raise
+    outcome.pinned = unmount(spec.mount_point)
+    return outcome
 
 
 def terminate(pid):

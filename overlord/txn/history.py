@@ -21,6 +21,7 @@ SELECTOR = re.compile(r"^(layer|turn|tool|call):(.+)$")
 def savepoints(session):
     return [{"n": i, "paths": layer.get("paths", 0), "cause": layer.get("cause"),
              "causes": layer.get("causes", [layer.get("cause")]), "coarse": bool(layer.get("coarse")),
+             "pinned": bool(layer.get("pinned")),
              "sealed": layer.get("sealed"), "bytes": layer.get("bytes")}
             for i, layer in enumerate(session.meta["layers"])]
 

@@ -146,6 +146,8 @@ def plan_steps(fds, view, merged):
                       "mode": cur.st_mode if cur is not None else None,
                       "times": [cur.st_atime_ns, cur.st_mtime_ns] if cur is not None else None,
                       "ino": cur.st_ino if cur is not None else None,
+                      "uid": cur.st_uid if cur is not None else None,
+                      "gid": cur.st_gid if cur is not None else None,
                       "src": entry.src, "merged": path in merged,
                       # what replay puts here, to tell it from an edit made after a crash
                       "new": [entry.st.st_size, entry.st.st_mtime_ns]
@@ -350,11 +352,11 @@ def _copy_bytes(src, out):
 
 
 def _rmtree_at(fds, pfd, name):
-    make_writable(pfd, name)
+    _make_writable(pfd, name)
     shutil.rmtree(name, dir_fd=pfd)
 
 
-def make_writable(pfd, name):
+def _make_writable(pfd, name):
     """rmtree needs to list and unlink inside every directory, even mode-000 ones."""
     try:
         fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
@@ -366,7 +368,7 @@ def make_writable(pfd, name):
         try:
             for child in os.scandir(rfd):
                 if child.is_dir(follow_symlinks=False):
-                    make_writable(rfd, child.name)
+                    _make_writable(rfd, child.name)
         finally:
             os.close(rfd)
     except OSError:

@@ -11,13 +11,17 @@ import stat
 
 from overlord.txn import changes as C
 from overlord.txn import store
-from overlord.txn.replay import make_writable
 
 READ_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def link_state(text):
-    return {"type": "symlink", "target": text, "sha": hashlib.sha256(os.fsencode(text)).hexdigest()}
+def link_state(text, st):
+    return dict(_owner(st), type="symlink", target=text,
+                sha=hashlib.sha256(os.fsencode(text)).hexdigest())
+
+
+def _owner(st):
+    return {"uid": st.st_uid, "gid": st.st_gid}
 
 
 def written(keeper, view, merged, records):
@@ -28,17 +32,19 @@ def written(keeper, view, merged, records):
     out = {}
     for path in C.touched_paths(view):
         entry = view[path]
-        mode = stat.S_IMODE(entry.st.st_mode) if entry.st is not None else None
+        st = entry.st
         if entry.kind == "whiteout":
             out[path] = None
         elif entry.kind == "file":
             sha = keeper.put_bytes(merged[path]) if path in merged else \
-                keeper.copy(entry.src, entry.st, known.get((path, entry.layer)))
-            out[path] = {"type": "file", "mode": mode, "sha": sha}
+                keeper.copy(entry.src, st, known.get((path, entry.layer)))
+            out[path] = dict(_owner(st), type="file", mode=stat.S_IMODE(st.st_mode), sha=sha)
         elif entry.kind == "symlink":
-            out[path] = link_state(os.readlink(entry.src))
-        elif entry.kind in ("dir", "other"):
-            out[path] = {"type": entry.kind, "mode": mode}
+            out[path] = link_state(os.readlink(entry.src), st)
+        elif entry.kind == "dir":
+            out[path] = dict(_owner(st), type="dir", mode=stat.S_IMODE(st.st_mode))
+        elif entry.kind == "other":
+            out[path] = dict(_owner(st), type="other", mode=st.st_mode, rdev=st.st_rdev)
     return out
 
 
@@ -55,7 +61,8 @@ def replaced(keeper, bfd, steps):
             os.lstat(str(n), dir_fd=bfd)
         except FileNotFoundError:
             if step["dir"]:               # a directory replay kept in place
-                out.setdefault(path, {"type": "dir", "mode": stat.S_IMODE(step["mode"])})
+                out.setdefault(path, {"type": "dir", "mode": stat.S_IMODE(step["mode"]),
+                                      "uid": step.get("uid"), "gid": step.get("gid")})
             continue
         _walk(keeper, bfd, str(n), path, out)
     return out
@@ -64,20 +71,24 @@ def replaced(keeper, bfd, steps):
 def _walk(keeper, dfd, name, path, out):
     st = os.lstat(name, dir_fd=dfd)
     if stat.S_ISREG(st.st_mode):
-        out[path] = {"type": "file", "mode": stat.S_IMODE(st.st_mode), "sha": keeper.take_at(dfd, name)}
+        out[path] = dict(_owner(st), type="file", mode=stat.S_IMODE(st.st_mode),
+                         sha=keeper.take_at(dfd, name))
     elif stat.S_ISLNK(st.st_mode):
-        out[path] = link_state(os.readlink(name, dir_fd=dfd))
+        out[path] = link_state(os.readlink(name, dir_fd=dfd), st)
     elif stat.S_ISDIR(st.st_mode):
-        out[path] = {"type": "dir", "mode": stat.S_IMODE(st.st_mode)}
-        make_writable(dfd, name)
-        fd = os.open(name, READ_DIR, dir_fd=dfd)
+        out[path] = dict(_owner(st), type="dir", mode=stat.S_IMODE(st.st_mode))
+        try:
+            fd = os.open(name, READ_DIR, dir_fd=dfd)
+        except PermissionError:            # a mode-000 directory of the caller's own
+            os.chmod(name, 0o700, dir_fd=dfd)
+            fd = os.open(name, READ_DIR, dir_fd=dfd)
         try:
             for child in os.listdir(fd):
                 _walk(keeper, fd, child, f"{path}/{child}" if path else child, out)
         finally:
             os.close(fd)
     else:
-        out[path] = {"type": "other", "mode": st.st_mode}
+        out[path] = dict(_owner(st), type="other", mode=st.st_mode, rdev=st.st_rdev)
 
 
 def layer_versions(keeper, session, chosen, records):

@@ -1,0 +1,54 @@
+"""Revert: undo a committed session by staging its inverse as a new pending session."""
+import os
+import shlex
+import time
+
+from overlord.errors import OverlordError
+from overlord.ops.execute import _create_session, refuse_if_pending
+from overlord.ops.review import get_session
+from overlord.sandbox import backends
+from overlord.txn import locks, retain
+from overlord.txn import revert as txn_revert
+from overlord.txn.session import remove_tree
+
+
+def revert(sid, stack=False, backend=None):
+    """A new pending session whose one savepoint puts back what session sid replaced.
+    Refused, staging nothing, if any path it touched changed again since."""
+    session = get_session(sid)
+    state = session.meta["state"]
+    if state != "committed":
+        raise OverlordError(f"cannot revert session {sid}: it is {state}; only a committed "
+                            "session can be reverted")
+    record = retain.load(session)
+    if record is None or not record.get("complete"):
+        raise OverlordError(f"cannot revert session {sid}: its commit left no complete record "
+                            "of what it replaced")
+    target = session.target
+    if not os.path.isdir(target):
+        raise OverlordError(f"cannot revert session {sid}: its target {target} is gone")
+    mod = backends.choose(backend)
+    argv = ["overlord", "revert", sid]
+    with locks.TargetLock(target):
+        refuse_if_pending(target, stack)
+        conflicts, contents = txn_revert.check(record, target)
+        if conflicts:
+            shown = "; ".join(f"{p or '.'}: {why}" for p, why in conflicts[:5])
+            more = f" (and {len(conflicts) - 5} more)" if len(conflicts) > 5 else ""
+            raise OverlordError(f"cannot revert session {sid}: {len(conflicts)} path"
+                                f"{'' if len(conflicts) == 1 else 's'} changed since it was "
+                                f"committed: {shown}{more}; nothing was staged")
+        new = _create_session(target, mod, {}, argv, None)
+        try:
+            upper, _ = new.prepare_upper()
+            txn_revert.stage(upper, record, target, contents)
+            index = new.seal({"kind": "revert", "of": sid, "command": shlex.join(argv)})
+        except BaseException:
+            remove_tree(new.dir)
+            raise
+        new.meta.update(state="pending", exit_code=0, finished=time.time(), reverts=sid)
+        if index is None:
+            remove_tree(new.dir)
+            raise OverlordError(f"nothing to revert: session {sid} changed nothing that is still there")
+        new.save()
+    return new.sid
