@@ -1,8 +1,299 @@
 """The agent's subcommands (agent, resume, transcript, keys, models): parse, call
 overlord.ops, render."""
+import getpass
+import sys
 
-COMMANDS = {}
+from overlord import ops
+from overlord.cli import render as R
+from overlord.errors import UsageError
+
+EXIT = {"end_turn": 0, "cancelled": 130}          # every other done reason exits 1
+PROVIDERS = ("anthropic", "openai", "azure", "openai-compatible", "gemini", "scripted")
+
+
+# -- parsers ------------------------------------------------------------------------------------
+
+def _endpoint_flags(p):
+    p.add_argument("--provider", choices=PROVIDERS, help="who serves the model (default: "
+                   "$OVERLORD_PROVIDER or anthropic)")
+    p.add_argument("--base-url", metavar="URL", help="the endpoint (a gateway or proxy drops in here)")
+    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="an extra HTTP header on every call; repeatable")
+    p.add_argument("--api", choices=("responses", "chat"), help="openai: the Responses API "
+                   "(default) or chat completions")
+    p.add_argument("--azure-api-version", metavar="V", help="azure: the api-version to call")
+    p.add_argument("--script", metavar="FILE", help="scripted: the JSON file of model turns to replay")
 
 
 def add_parsers(sub):
     """Register the agent's subcommands on the main parser's subparsers."""
+    a = sub.add_parser(
+        "agent", help="run the built-in agent on a task, in a new session",
+        description="Run a model whose tools (list_dir, read_file, write_file, edit_file, search, "
+        "shell) execute inside a transactional session: jailed and offline by default, each "
+        "writing call its own savepoint stamped with its turn and call. Replies stream live. "
+        "Nothing reaches the real tree until you commit. Prints 'session <sid>' at the end; "
+        "exits 0 when the model finished its turn, 130 when cancelled (Ctrl-C), 1 otherwise.")
+    a.add_argument("task", nargs="?", help="what to do ('-' reads it from stdin); with --audit, "
+                   "an optional focus")
+    a.add_argument("-t", "--target", metavar="DIR", help="the project to work on (default: .)")
+    _endpoint_flags(a)
+    a.add_argument("--model", metavar="M", help="the model id (`overlord models` lists them)")
+    a.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (default 50)")
+    a.add_argument("--no-jail", action="store_true", help="run without the pivot_root jail (still "
+                   "in the transaction); commands then see your real filesystem")
+    a.add_argument("--net", choices=("none", "host"), help="the network the tools get (default: none)")
+    a.add_argument("--timeout", type=float, metavar="S", help="kill a tool call after S seconds "
+                   "(default 600)")
+    a.add_argument("--limit", action="append", default=[], metavar="KEY=N",
+                   help="resource grant (memory_mb, pids, cpu_pct, disk_mb, fsize_mb, nofile); repeatable")
+    a.add_argument("--trace", choices=("strace", "ebpf"), help="record the tools' syscalls")
+    a.add_argument("--backend", choices=("kernel", "fuse"), help="force a backend")
+    a.add_argument("--stack", action="store_true", help="open even though another session is pending here")
+    a.add_argument("--audit", action="store_true", help="the containment-audit preset: an "
+                   "authorized, scoped audit of its own jail (needs the jail)")
+    g = a.add_argument_group("generation (each sent only when set)")
+    g.add_argument("--max-tokens", type=int, metavar="N", help="the longest reply")
+    g.add_argument("--temperature", type=float, metavar="X")
+    g.add_argument("--top-p", type=float, metavar="X")
+    g.add_argument("--stop", action="append", metavar="S", help="a stop sequence; repeatable")
+    g.add_argument("--effort", choices=("low", "medium", "high", "xhigh", "max"))
+    g.add_argument("--thinking", choices=("summarized", "off"))
+    g.add_argument("--system", metavar="TEXT", help="instructions appended to the system prompt")
+    g.add_argument("--no-stream", action="store_true", help="ask for whole replies, not streams")
+    g.add_argument("--no-fallbacks", action="store_true", help="anthropic: no server-side "
+                   "refusal fallbacks")
+    g.add_argument("--context-window", type=int, metavar="TOKENS", help="compact the conversation "
+                   "at three quarters of this (default 128000)")
+
+    r = sub.add_parser(
+        "resume", help="continue an agent session, with a note as the next user turn",
+        description="Reopen an agent session on its surviving savepoints (after a rewind too), "
+        "rebuild the conversation exactly as the model saw it, deliver the note and continue "
+        "with the same model and settings.")
+    r.add_argument("sid")
+    r.add_argument("--note", metavar="TEXT", help="what to tell the model")
+    r.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls")
+    r.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="an extra header again (credential headers are not recorded)")
+
+    t = sub.add_parser("transcript", help="an agent session's transcript, readably",
+                       description="Every event of an agent session: task, replies, tool calls "
+                       "and results with their savepoints, compactions, resumes, rewinds, done.")
+    t.add_argument("sid")
+    t.add_argument("--json", action="store_true", help="the events as JSON")
+
+    k = sub.add_parser("keys", help="provider API keys: set one, list which are set",
+                       description="Keys live in OVERLORD_HOME/keys.json (mode 0600); environment "
+                       "variables win over the store.")
+    ks = k.add_subparsers(dest="keys_command", metavar="ACTION", parser_class=type(k))
+    ks.required = True
+    s = ks.add_parser("set", help="store a key read from stdin (never from the command line)")
+    s.add_argument("provider", choices=PROVIDERS[:-1])
+    kl = ks.add_parser("list", help="which providers have a key, and from where (never the key)")
+    kl.add_argument("--json", action="store_true", help="machine-readable output")
+
+    m = sub.add_parser("models", help="what a provider's endpoint serves right now",
+                       description="List the models the endpoint serves now (one 'id  name' a line).")
+    _endpoint_flags(m)
+    m.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+# -- agent and resume ---------------------------------------------------------------------------
+
+class Live:
+    """Prints a run as it happens: the reply streaming in, each tool call and its result."""
+
+    def __init__(self, out=None, err=None):
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.streamed = False      # text of the current reply was already printed
+        self.open_line = False
+
+    def delta(self, kind, text):
+        if kind == "text":
+            self.out.write(text)
+            self.out.flush()
+            self.streamed = self.open_line = True
+        elif kind == "thinking":
+            self.err.write(text)
+            self.err.flush()
+        elif kind == "restart":
+            self._end_line()
+            self.err.write("[the stream broke; the reply starts over]\n")
+            self.streamed = False
+
+    def _end_line(self):
+        if self.open_line:
+            self.out.write("\n")
+            self.open_line = False
+
+    def event(self, ev):
+        kind = ev["type"]
+        if kind == "assistant":
+            text = ev["message"].get("text")
+            if text and not self.streamed:
+                self.out.write(text)
+                self.open_line = True
+            self._end_line()
+            self.streamed = False
+            if ev.get("stop_reason") in ("max_tokens", "refusal"):
+                self.err.write(f"[the reply ended with {ev['stop_reason']}: its tool calls are not run]\n")
+        elif kind == "tool_call":
+            self._end_line()
+            self.out.write(f"[turn {ev['turn']}] {R.escape_path(ev['summary'])}\n")
+        elif kind == "tool_result" and not ev.get("not_run"):
+            self.out.write(f"  {_result_line(ev)}\n")
+        elif kind == "compaction":
+            self.out.write(f"[context compacted at {ev['tokens']} tokens: {ev['dropped']} messages "
+                           f"replaced by a handover note, {ev['kept']} kept]\n")
+        elif kind == "error":
+            self._end_line()
+            self.err.write(f"overlord: {ev['message']}\n")
+        self.out.flush()
+
+
+def _result_line(ev):
+    res = ev["result"]
+    if res.get("is_error"):
+        first = (res.get("content") or "").strip().splitlines() or ["error"]
+        return "error: " + first[0][:200]
+    where = f"@{ev['layer']} {', '.join(R.escape_path(p) for p in ev.get('paths') or [])}" \
+        if ev.get("layer") is not None else "no change"
+    code = f"exit {ev['exit_code']}, " if ev.get("tool") == "shell" else ""
+    return f"ok ({code}{where})"
+
+
+def _headers(items):
+    out = {}
+    for item in items or ():
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise UsageError(f"--header takes 'NAME: VALUE', not {item!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _finish(result):
+    sys.stdout.flush()
+    why = f" ({result.message})" if result.message and result.reason != "error" else ""
+    print(f"session {result.sid}  pending  {R.summarize(result.changes)}; done {result.reason}{why} "
+          f"after {result.turns} turn{'' if result.turns == 1 else 's'}", flush=True)
+    return EXIT.get(result.reason, 1)
+
+
+def cmd_agent(args):
+    task = sys.stdin.read() if args.task == "-" else args.task
+    if args.no_jail:
+        print("overlord: WARNING: --no-jail: the agent's commands see your real filesystem (your "
+              "home, keys, other projects) as you; only writes under the project are captured",
+              file=sys.stderr)
+    knobs = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+             "stop": args.stop, "effort": args.effort, "thinking": args.thinking, "api": args.api,
+             "azure_api_version": args.azure_api_version,
+             "stream": False if args.no_stream else None, "fallbacks": False if args.no_fallbacks else None}
+    live = Live()
+    result = ops.agent(
+        task, args.target, provider=args.provider, model=args.model, base_url=args.base_url,
+        headers=_headers(args.header), knobs=knobs, script=args.script, system=args.system,
+        max_turns=args.max_turns, context_window=args.context_window, jail=not args.no_jail,
+        net=args.net, timeout=args.timeout, limits=ops.merge_grants({}, {}, args.limit).get("limits"),
+        backend=args.backend, trace=args.trace, audit=args.audit, stack=args.stack,
+        on_event=live.event, on_delta=live.delta)
+    return _finish(result)
+
+
+def cmd_resume(args):
+    live = Live()
+    result = ops.resume(args.sid, args.note, headers=_headers(args.header), max_turns=args.max_turns,
+                        on_event=live.event, on_delta=live.delta)
+    return _finish(result)
+
+
+# -- records ------------------------------------------------------------------------------------
+
+def cmd_transcript(args):
+    events = ops.transcript(args.sid)
+    if args.json:
+        R.dump_json(events)
+        return 0
+    for ev in events:
+        line = _transcript_line(ev)
+        if line:
+            print(line)
+    return 0
+
+
+def _indent(text, prefix="    "):
+    return "\n".join(prefix + line for line in (text or "").rstrip("\n").splitlines())
+
+
+def _transcript_line(ev):
+    kind, turn = ev["type"], ev.get("turn")
+    at = f"[turn {turn}] " if turn else ""
+    if kind == "task":
+        return f"task{' (audit)' if ev.get('audit') else ''}:\n{_indent(ev['text'])}"
+    if kind == "assistant":
+        msg = ev["message"]
+        head = f"{at}{ev.get('model') or 'model'} ({ev.get('stop_reason')})"
+        body = [_indent(ev["thinking"], "    thinking: ")] if ev.get("thinking") else []
+        body += [_indent(msg.get("text"))] if msg.get("text") else []
+        return "\n".join([head + ":"] + body)
+    if kind == "tool_call":
+        refused = f"  -- refused: {ev['refused']}" if ev.get("refused") else ""
+        return f"{at}{R.escape_path(ev['summary'])}  (call {ev['call']}){refused}"
+    if kind == "tool_result":
+        return f"{at}  -> {_result_line(ev)}"
+    if kind == "error":
+        return f"{at}error: {ev['message']}"
+    if kind == "compaction":
+        return (f"compaction at {ev['tokens']} tokens (window {ev['window']}): {ev['dropped']} "
+                f"messages dropped, {ev['kept']} kept; handover note:\n{_indent(ev['note'])}")
+    if kind == "resume":
+        return "resume" + (f" with note:\n{_indent(ev['note'])}" if ev.get("note") else "")
+    if kind == "rewind":
+        return (f"rewind to @{ev['to']}: {ev['dropped_events']} events dropped"
+                + (f" (archived in {ev['archive']})" if ev.get("archive") else ""))
+    if kind == "fork":
+        return f"forked from {ev['from']} at @{ev['savepoint']}"
+    if kind == "done":
+        u = ev.get("usage") or {}
+        why = f" ({ev['message']})" if ev.get("message") else ""
+        return (f"done {ev['reason']}{why}: {ev.get('turns', 0)} turns, "
+                f"{u.get('input_tokens', 0)} input / {u.get('output_tokens', 0)} output tokens")
+    return None
+
+
+# -- keys and models ----------------------------------------------------------------------------
+
+def cmd_keys(args):
+    if args.keys_command == "set":
+        if sys.stdin.isatty():
+            key = getpass.getpass(f"{args.provider} key: ")
+        else:
+            key = sys.stdin.read()
+        if not key.strip():
+            raise UsageError("no key on stdin (pipe it in, or type it at the prompt)")
+        ops.keys_set(args.provider, key)
+        print(f"stored the {args.provider} key")
+        return 0
+    listing = ops.keys_list()
+    if args.json:
+        R.dump_json(listing)
+        return 0
+    print(R.table([(p, where or "-") for p, where in listing.items()]))
+    return 0
+
+
+def cmd_models(args):
+    found = ops.models(args.provider, base_url=args.base_url, headers=_headers(args.header),
+                       api=args.api, azure_api_version=args.azure_api_version, script=args.script)
+    if args.json:
+        R.dump_json(found)
+        return 0
+    if found:
+        print(R.table([(m["id"], m.get("name") or m["id"]) for m in found]))
+    return 0
+
+
+COMMANDS = {"agent": cmd_agent, "resume": cmd_resume, "transcript": cmd_transcript,
+            "keys": cmd_keys, "models": cmd_models}

@@ -3,6 +3,7 @@
 Faces parse and render; they call these functions and nothing below them. Results are data
 (dataclasses and dicts); errors are OverlordError subclasses carrying their exit code.
 """
+from overlord.ops.agent import AgentResult, agent, keys_list, keys_set, models, resume, transcript
 from overlord.ops.decide import CommitResult, commit, recover, rollback
 from overlord.ops.doctor import DoctorReport, containment_layers, doctor, sessions
 from overlord.ops.execute import (Captured, ExecResult, RunResult, command_cause, enforcement, exec_capture,
@@ -13,6 +14,7 @@ from overlord.ops.revert import revert
 from overlord.ops.review import LogRecord, blame, diff, get_session, log, syscalls
 
 __all__ = [
+    "AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript",
     "CommitResult", "commit", "recover", "rollback",
     "DoctorReport", "containment_layers", "doctor", "sessions",
     "Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run",

@@ -3,6 +3,7 @@ import os
 import shutil
 import time
 
+from overlord.agent import transcript as agent_transcript
 from overlord.errors import OverlordError, UsageError
 from overlord.txn import history, locks, store
 from overlord.txn.session import remove_tree
@@ -29,7 +30,12 @@ def rewind(sid, to):
     history.check_index(session, to)
     with locks.TargetLock(session.target):
         session = get_session(sid)
-        return history.rewind(session, to)
+        # an agent's transcript is cut at the same point (refused while the agent runs)
+        with agent_transcript.exclusive(session.dir, "rewind"):
+            dropped = history.rewind(session, to)
+            if dropped:
+                agent_transcript.cut_for_rewind(session.dir, to)
+        return dropped
 
 
 def fork(sid, at):
@@ -47,7 +53,8 @@ def fork(sid, at):
                                os.path.join(newdir, "layers", layer["dir"]))
         store.append_jsonl(os.path.join(newdir, "provenance.jsonl"),
                            history.fork_records(session, at))
-        meta = {k: v for k, v in session.meta.items() if k not in ("rewinds", "limit", "exit_code")}
+        agent_transcript.copy_for_fork(session.dir, newdir, at, sid)
+        meta = {k: v for k, v in session.meta.items() if k not in ("rewinds", "limit", "exit_code", "flat")}
         meta.update(sid=new, state="pending", created=time.time(), layers=session.meta["layers"][:at + 1],
                     forked_from={"sid": sid, "at": at}, pid=None)
         store.save_meta(meta)

@@ -5,7 +5,9 @@ back a neutral Reply. Providers know nothing of the engine: no sessions, no laye
 
 The neutral message list (what the agent records and replays):
 
-    {"role": "user", "content": "text"}
+    {"role": "user", "content": "text"}          (+ "compacted": N on a compaction's handover
+                                                   note: the model replies it stands for;
+                                                   providers ignore it)
     {"role": "assistant", "text": "...", "tool_calls": [{"id", "name", "input"}],
      "state": <opaque provider state, e.g. thinking blocks with signatures or encrypted
                reasoning items, replayed verbatim to the same provider on the next call>}

@@ -1,7 +1,8 @@
 """Scripted: replays a JSON file of model turns (Endpoint.script). For tests and demos; no network.
 
 The file is either a list of turns or {"model": "<id>", "turns": [...]}. Turn N answers the call
-that already holds N assistant messages, so a resumed conversation picks up where it stopped.
+that already holds N assistant messages (a compacted conversation's handover message counts for
+the replies it replaced: its "compacted" key), so a resumed conversation picks up where it stopped.
 A turn:
 
     {
@@ -60,7 +61,8 @@ def _pieces(text):
 
 def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
     model, turns = load(endpoint.script)
-    n = sum(1 for m in messages if m.get("role") == "assistant")
+    # replies so far: assistant messages, plus those a compaction's handover stands for
+    n = sum(1 if m.get("role") == "assistant" else m.get("compacted", 0) for m in messages)
     if n >= len(turns):
         raise ProviderError(f"scripted: the script has no turn {n + 1} ({len(turns)} turns)")
     turn = turns[n]

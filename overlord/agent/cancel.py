@@ -1,0 +1,86 @@
+"""Stopping a run: Ctrl-C (SIGINT, also SIGTERM and SIGHUP) sets a flag the loop checks.
+
+Three moments, three mechanisms:
+  - between steps, our own handler sets the flag; the loop stops at its next check;
+  - during a model call, the handler raises Cancelled, because the call may sit in a socket
+    read for minutes;
+  - during a tool call, the engine's supervisor has the handler (it forwards the signal to the
+    command, which may ignore it). The signal still reaches us through the wakeup fd, a watcher
+    thread sets the flag, and the engine kills the tool's whole process tree when it sees the
+    flag (ops.exec_capture(cancel=...)), within 0.1 s.
+"""
+import contextlib
+import os
+import select
+import signal
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Cancelled(BaseException):
+    """Raised out of a model call by Ctrl-C (a BaseException: no `except Exception` eats it)."""
+
+
+class Cancel:
+    def __init__(self, event=None):
+        self.event = event if event is not None else threading.Event()
+        self._raise = False
+
+    def is_set(self):
+        return self.event.is_set()
+
+    def set(self):
+        self.event.set()
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """Within: a cancel raises Cancelled at once (checked on entry too)."""
+        if self.is_set():
+            raise Cancelled()
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
+
+    def _handler(self, signum, frame):
+        self.event.set()
+        if self._raise:
+            self._raise = False
+            raise Cancelled()
+
+    @contextlib.contextmanager
+    def signals(self):
+        """Wire SIGINT/SIGTERM/SIGHUP to this cancel for the duration. Only the main thread
+        owns signals; elsewhere (a server's worker) the caller sets the event itself."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        saved = {sig: signal.signal(sig, self._handler) for sig in SIGNALS}
+        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        watcher = threading.Thread(target=self._watch, args=(r,), daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(old_fd)
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+            os.close(w)             # the watcher sees end of file and leaves
+            watcher.join()
+            os.close(r)
+
+    def _watch(self, fd):
+        wanted = {int(s) for s in SIGNALS}
+        while True:
+            select.select([fd], [], [])
+            try:
+                data = os.read(fd, 64)
+            except BlockingIOError:
+                continue
+            if not data:
+                return
+            if wanted & set(data):
+                self.event.set()

@@ -1,0 +1,279 @@
+"""The agent's tools: list_dir, read_file, write_file, edit_file, search, shell.
+
+Every call runs inside the session, through the sandbox, as one command: a few lines of sh
+and coreutils (no interpreter starts inside the sandbox). File contents and patterns travel
+over stdin, never argv, so any size works. Paths are relative to the project root; a path that
+leads out of it -- by `..`, by an absolute path elsewhere, or through a symlink an earlier
+shell call planted -- is refused with an error result. The last check runs inside the sandbox
+(`realpath` on the tree the command sees), in the same command that then uses the path, so
+nothing can change in between.
+
+`Toolbox.call()` returns an Outcome; it never raises for what the model asked (a bad input, a
+missing file, a refused path are all results the model reads).
+"""
+import dataclasses
+import hashlib
+import posixpath
+import shlex
+import shutil
+
+OUTPUT_CAP = 32 << 10            # per stream, head + tail: what a model reads of one call
+EDIT_CAP = 16 << 20              # the largest file edit_file rewrites
+SHELL_TIMEOUT = 120              # seconds, when the model gives none
+REFUSED, MISSING, CHANGED = 3, 4, 5
+
+_PATH = {"type": "string", "description": "Path relative to the project root."}
+SPECS = [
+    {"name": "list_dir", "description": "List a directory of the project: one entry a line, "
+     "directories with a trailing '/', files with their size in bytes.",
+     "input_schema": {"type": "object", "properties": {"path": _PATH}, "required": ["path"]}},
+    {"name": "read_file", "description": "Read a text file of the project. Long files come "
+     "back as their head and tail; use shell (sed -n 'A,Bp' FILE) for the middle.",
+     "input_schema": {"type": "object", "properties": {"path": _PATH}, "required": ["path"]}},
+    {"name": "write_file", "description": "Create or overwrite a file with the given content "
+     "(parent directories are created).",
+     "input_schema": {"type": "object", "properties": {
+         "path": _PATH, "content": {"type": "string", "description": "The whole new content."}},
+         "required": ["path", "content"]}},
+    {"name": "edit_file", "description": "Replace one exact piece of text in a file. `old` must "
+     "occur exactly once (include surrounding lines to make it unique).",
+     "input_schema": {"type": "object", "properties": {
+         "path": _PATH, "old": {"type": "string", "description": "The exact text to replace."},
+         "new": {"type": "string", "description": "What replaces it."}},
+         "required": ["path", "old", "new"]}},
+    {"name": "search", "description": "Search file contents under a path with an extended "
+     "regular expression (grep -E); prints path:line:text for each match.",
+     "input_schema": {"type": "object", "properties": {
+         "pattern": {"type": "string", "description": "An extended regular expression."},
+         "path": {"type": "string", "description": "Where to search (default: the whole "
+                  "project)."}},
+         "required": ["pattern"]}},
+    {"name": "shell", "description": "Run a shell command (bash) at the project root. Returns "
+     "the exit code, stdout and stderr. Stdin is empty.",
+     "input_schema": {"type": "object", "properties": {
+         "command": {"type": "string"},
+         "timeout": {"type": "integer", "description": f"Seconds (default {SHELL_TIMEOUT})."}},
+         "required": ["command"]}},
+]
+BY_NAME = {spec["name"]: spec for spec in SPECS}
+READING = ("list_dir", "read_file", "search")
+
+# $1 is the way from the command's working directory to the project root, $2 the path asked for.
+_RESOLVE = r'''cd -- "$1" || exit 125
+root=$(pwd -P)
+p=$(realpath -m -- "$2") || { echo "cannot resolve $2" >&2; exit 3; }
+case $p in "$root"|"$root"/*) ;; *) echo "refused: $2 leads outside the project root" >&2; exit 3;; esac
+'''
+SCRIPTS = {
+    "list_dir": _RESOLVE + r'''[ -d "$p" ] || { echo "not a directory: $2" >&2; exit 4; }
+cd -- "$p" && exec find . -mindepth 1 -maxdepth 1 -printf '%y\0%s\0%P\0%l\0'
+''',
+    "read_file": _RESOLVE + r'''[ -e "$p" ] || { echo "no such file: $2" >&2; exit 4; }
+[ -d "$p" ] && { echo "$2 is a directory (use list_dir)" >&2; exit 4; }
+[ -f "$p" ] || { echo "$2 is not a regular file" >&2; exit 4; }
+exec cat -- "$p"
+''',
+    "write_file": _RESOLVE + r'''[ -d "$p" ] && { echo "$2 is a directory" >&2; exit 4; }
+mkdir -p -- "$(dirname -- "$p")" && exec cat > "$p"
+''',
+    # $3: the sha256 the file had when it was read; the rewrite happens only if it still has it
+    "rewrite": _RESOLVE + r'''[ -f "$p" ] || { echo "no such file: $2" >&2; exit 4; }
+sum=$(sha256sum < "$p") && [ "${sum%% *}" = "$3" ] || { echo "$2 changed while being edited" >&2; exit 5; }
+exec cat > "$p"
+''',
+    "search": _RESOLVE + r'''[ -e "$p" ] || { echo "no such path: $2" >&2; exit 4; }
+exec grep -rnIE --exclude-dir=.git -f - -- "$2"
+''',
+}
+SHELL_ARGV = 'exec 3<&0 </dev/null; exec "$0" /proc/self/fd/3'
+
+
+@dataclasses.dataclass
+class Outcome:
+    content: str              # what the model reads
+    is_error: bool = False
+    exit_code: int = None
+    layer: int = None         # the savepoint the call sealed, if it wrote
+    truncated: bool = False
+    timed_out: bool = False
+    cancelled: bool = False
+
+
+class Refused(Exception):
+    """A tool input that is refused before anything runs."""
+
+
+def summary(name, args):
+    """A short label for a call: write_file(src/a.py), shell(make test)."""
+    arg = args.get("path") if name != "shell" else args.get("command")
+    if name == "search":
+        arg = args.get("pattern")
+    text = " ".join(str(arg if arg is not None else "").split())
+    return f"{name}({text if len(text) <= 60 else text[:57] + '...'})"
+
+
+def check_input(name, args):
+    """Why an input does not fit the tool's schema, or None."""
+    spec = BY_NAME.get(name)
+    if spec is None:
+        return f"unknown tool {name!r} (tools: {', '.join(BY_NAME)})"
+    schema = spec["input_schema"]
+    for key in schema["required"]:
+        if key not in args:
+            return f"{name}: missing required input {key!r}"
+    for key, value in args.items():
+        want = schema["properties"].get(key, {}).get("type")
+        if key not in schema["properties"]:
+            return f"{name}: unknown input {key!r}"
+        if want == "string" and not isinstance(value, str):
+            return f"{name}: {key} must be a string"
+        if want == "integer" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"{name}: {key} must be a number"
+    return None
+
+
+def relative(path, root):
+    """The project-relative form of a path the model gave, or Refused (the lexical check;
+    symlinks are checked inside the sandbox)."""
+    if "\0" in path:
+        raise Refused("refused: a path cannot contain a NUL byte")
+    if posixpath.isabs(path):
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            raise Refused(f"refused: {path} is outside the project root {root}")
+        path = posixpath.relpath(path, root)
+    norm = posixpath.normpath(path or ".")
+    if norm == ".." or norm.startswith("../"):
+        raise Refused(f"refused: {path} leads outside the project root")
+    return norm
+
+
+class Toolbox:
+    """Runs tool calls in one session.
+
+    run(argv, input, cause, timeout, cap) executes one command inside the session and returns
+    an ops.Captured; up is the way from that command's working directory to the project root;
+    root is the project's real path (what the model is told); timeout caps every call."""
+
+    def __init__(self, run, root, up=".", timeout=None):
+        self.run, self.root, self.up, self.timeout = run, root, up, timeout
+        self.shell = shutil.which("bash") or "/bin/sh"
+
+    def call(self, name, args, cause):
+        try:
+            return getattr(self, "_" + name)(args, cause)
+        except Refused as exc:
+            return Outcome(str(exc), is_error=True)
+
+    def _script(self, kind, args, cause, input=b"", cap=OUTPUT_CAP, timeout=None):
+        argv = ["sh", "-c", SCRIPTS[kind], f"overlord-{kind}", self.up, *args]
+        return self.run(argv, input, cause, self._limit(timeout), cap)
+
+    def _limit(self, asked):
+        if asked is None:
+            return self.timeout
+        return min(asked, self.timeout) if self.timeout else asked
+
+    def _failed(self, cap):
+        """An Outcome for a script that did not do its job, or None."""
+        if cap.timed_out:
+            return _outcome(cap, f"timed out after {self.timeout} s", is_error=True)
+        if cap.exit_code != 0:
+            text = _text(cap.stderr).strip() or f"failed with exit code {cap.exit_code}"
+            return _outcome(cap, text, is_error=True)
+        return None
+
+    def _list_dir(self, args, cause):
+        rel = relative(args["path"], self.root)
+        cap = self._script("list_dir", [rel], cause)
+        failed = self._failed(cap)
+        if failed:
+            return failed
+        fields = _text(cap.stdout).split("\0")
+        rows = []
+        for kind, size, name, link in zip(*[iter(fields)] * 4):
+            rows.append(f"{name}/" if kind == "d" else f"{name} -> {link}" if kind == "l"
+                        else f"{name}  {size}")
+        text = "\n".join(sorted(rows)) or "(empty directory)"
+        return _outcome(cap, text + ("\n[more entries were left out]" if cap.truncated else ""))
+
+    def _read_file(self, args, cause):
+        rel = relative(args["path"], self.root)
+        cap = self._script("read_file", [rel], cause)
+        failed = self._failed(cap)
+        if failed:
+            return failed
+        if b"\0" in cap.stdout[:8192]:
+            return _outcome(cap, f"{rel} is a binary file (use shell, e.g. `xxd {shlex.quote(rel)} | head`)")
+        text = _text(cap.stdout)
+        if cap.truncated:
+            text += "\n[the file is longer than shown: the middle was left out]"
+        return _outcome(cap, text)
+
+    def _write_file(self, args, cause):
+        rel = relative(args["path"], self.root)
+        data = args["content"].encode("utf-8", "surrogateescape")
+        cap = self._script("write_file", [rel], cause, input=data)
+        return self._failed(cap) or _outcome(cap, f"wrote {len(data)} bytes to {rel}")
+
+    def _edit_file(self, args, cause):
+        rel = relative(args["path"], self.root)
+        old, new = args["old"], args["new"]
+        if not old:
+            return Outcome("edit_file: `old` is empty; use write_file to create a file", is_error=True)
+        read = self._script("read_file", [rel], dict(cause, read=True), cap=EDIT_CAP)
+        failed = self._failed(read)
+        if failed:
+            return failed
+        if read.truncated:
+            return Outcome(f"{rel} is too large for edit_file; use shell", is_error=True)
+        text = read.stdout.decode("utf-8", "surrogateescape")
+        count = text.count(old)
+        if count != 1:
+            where = "does not occur" if count == 0 else f"occurs {count} times"
+            return Outcome(f"edit_file: `old` {where} in {rel}; it must match exactly once",
+                           is_error=True)
+        digest = hashlib.sha256(read.stdout).hexdigest()
+        data = text.replace(old, new, 1).encode("utf-8", "surrogateescape")
+        cap = self._script("rewrite", [rel, digest], cause, input=data)
+        return self._failed(cap) or _outcome(cap, f"edited {rel}: replaced 1 occurrence")
+
+    def _search(self, args, cause):
+        rel = relative(args.get("path") or ".", self.root)
+        rel = "./" + rel if rel.startswith("-") else rel      # grep reads "-" as stdin
+        pattern = args["pattern"].encode("utf-8", "surrogateescape")
+        cap = self._script("search", [rel], cause, input=pattern + b"\n")
+        if cap.exit_code == 1 and not cap.timed_out:
+            return _outcome(cap, "no matches")
+        failed = self._failed(cap)
+        if failed:
+            return failed
+        text = _text(cap.stdout)
+        return _outcome(cap, text + ("\n[more matches were left out]" if cap.truncated else ""))
+
+    def _shell(self, args, cause):
+        command = args["command"]
+        timeout = args.get("timeout") or SHELL_TIMEOUT
+        script = f"cd -- {shlex.quote(self.up)} || exit 125\nexec 3<&-\n{command}\n"
+        limit = self._limit(timeout)
+        cap = self.run(["sh", "-c", SHELL_ARGV, self.shell], script.encode("utf-8", "surrogateescape"),
+                       cause, limit, OUTPUT_CAP)
+        parts = [f"exit code: {cap.exit_code}"]
+        if cap.timed_out:
+            parts = [f"timed out after {limit} s: the command and everything it started were killed"]
+        out, err = _text(cap.stdout), _text(cap.stderr)
+        if out:
+            parts.append("stdout:\n" + out)
+        if err:
+            parts.append("stderr:\n" + err)
+        if cap.truncated:
+            parts.append("[output was longer than shown: the middle was left out]")
+        return _outcome(cap, "\n".join(parts), is_error=cap.timed_out)
+
+
+def _outcome(cap, content, is_error=False):
+    return Outcome(content, is_error=is_error, exit_code=cap.exit_code, layer=cap.layer,
+                   truncated=cap.truncated, timed_out=cap.timed_out)
+
+
+def _text(data):
+    return data.decode("utf-8", "replace")

@@ -1,0 +1,281 @@
+"""The built-in agent as operations: agent, resume, transcript, keys, models.
+
+An agent run is a session like any other: opened on the target with the agent's grants (jailed
+and offline unless told otherwise), every tool call one command in it (ops.exec_capture), each
+writing call its own savepoint stamped {kind: agent, turn, tool, call, summary}. The endpoint
+and knobs are recorded on the session's meta (never the key, nor a credential header's value),
+so a resume calls the same model the same way.
+"""
+import dataclasses
+import os
+import pwd
+import socket
+
+import overlord
+from overlord.agent import keys as key_store
+from overlord.agent import prompt, providers, tools
+from overlord.agent import transcript as T
+from overlord.agent.cancel import Cancel
+from overlord.agent.loop import Loop
+from overlord.agent.providers.base import Endpoint, ProviderError
+from overlord.agent.providers.common import SECRET_HINTS
+from overlord.errors import NotFound, OverlordError, UsageError
+from overlord.sandbox import backends
+from overlord.sandbox import limits as grant_limits
+from overlord.txn import store
+from overlord.ops.execute import _command_cwd, exec_capture, run
+from overlord.ops.grants import validate_grants
+from overlord.ops.review import get_session
+
+DEFAULT_CALL_TIMEOUT = 600          # seconds a tool call may run, unless --timeout
+KNOBS = ("max_tokens", "temperature", "top_p", "stop", "effort", "thinking", "api", "stream",
+         "fallbacks", "azure_api_version")
+CONTINUE = "Continue from where you stopped."
+
+
+@dataclasses.dataclass
+class AgentResult:
+    sid: str
+    reason: str            # the done reason (loop.DONE_REASONS)
+    turns: int
+    usage: dict
+    changes: list          # the session's plan: what commit would do
+    message: str = None    # what went wrong, for error / max_turns
+
+
+# -- endpoints ---------------------------------------------------------------------------------
+
+def endpoint(provider=None, model=None, base_url=None, headers=None, knobs=None, script=None,
+             need_key=True):
+    """An Endpoint from flags: the provider's default base URL, the key from the store or the
+    environment (refused here, before anything opens, when a provider needs one)."""
+    provider = provider or os.environ.get("OVERLORD_PROVIDER") or "anthropic"
+    providers.get(provider)                      # an unknown name is a usage error
+    knobs = {k: v for k, v in (knobs or {}).items() if v is not None}
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise UsageError(f"unknown generation setting(s): {', '.join(unknown)}")
+    if provider == "scripted":
+        if not script:
+            raise UsageError("the scripted provider needs --script FILE")
+        script = os.path.abspath(script)
+    model = model or os.environ.get("OVERLORD_MODEL")
+    ep = Endpoint(provider, model=model, base_url=base_url or providers.default_base_url(provider),
+                  headers=dict(headers or {}), script=script, **knobs)
+    if need_key and provider not in ("scripted",):
+        ep.api_key = key_store.get(provider)
+        if not ep.api_key and provider != "openai-compatible":
+            raise OverlordError(f"no key for {provider}: set {key_store.ENV[provider]} or run "
+                                f"`overlord keys set {provider}`")
+    return ep
+
+
+def _recordable(ep):
+    """The endpoint as the session records it: no key, no credential header's value."""
+    rec = ep.record()
+    rec["headers"] = {k: (None if any(h in k.lower() for h in SECRET_HINTS) else v)
+                      for k, v in (ep.headers or {}).items()}
+    return rec
+
+
+def _recorded_endpoint(rec, headers):
+    fields = {k: v for k, v in rec.items() if k in {f.name for f in dataclasses.fields(Endpoint)}}
+    merged = dict(fields.get("headers") or {})
+    merged.update(headers or {})
+    missing = [k for k, v in merged.items() if v is None]
+    if missing:
+        raise OverlordError(f"the session's endpoint used the header {missing[0]}, a credential "
+                            f"that is not recorded: pass it again with --header '{missing[0]}: ...'")
+    fields["headers"] = merged
+    ep = Endpoint(**fields)
+    if ep.provider != "scripted":
+        ep.api_key = key_store.get(ep.provider)
+        if not ep.api_key and ep.provider != "openai-compatible":
+            raise OverlordError(f"no key for {ep.provider}: set {key_store.ENV[ep.provider]} or "
+                                f"run `overlord keys set {ep.provider}`")
+    return ep
+
+
+def _served_model(ep):
+    if ep.provider == "scripted":
+        try:
+            return providers.get("scripted").load(ep.script)[0]
+        except ProviderError as exc:
+            raise OverlordError(str(exc)) from None
+    if not ep.model:
+        raise UsageError(f"pass --model (`overlord models --provider {ep.provider}` lists them)")
+    return ep.model
+
+
+# -- agent and resume --------------------------------------------------------------------------
+
+def agent(task, target=None, *, provider=None, model=None, base_url=None, headers=None,
+          knobs=None, script=None, system=None, max_turns=None, context_window=None, jail=True,
+          net=None, timeout=None, limits=None, backend=None, trace=None, audit=False, stack=False,
+          on_event=None, on_delta=None, cancel=None):
+    """Open a session on target and run the agent on task in it. Returns AgentResult; the
+    session is left pending for review whatever the done reason."""
+    if audit and not jail:
+        raise UsageError("--audit needs the jail: there is nothing to audit without one")
+    task = prompt.audit_task(task) if audit else (task or "").strip()
+    if not task:
+        raise UsageError("give the agent a task")
+    if max_turns is not None and max_turns < 1:
+        raise UsageError("--max-turns must be at least 1")
+    if context_window is not None and context_window < 1000:
+        raise UsageError("--context-window must be at least 1000 tokens")
+    ep = endpoint(provider, model, base_url, headers, knobs, script)
+    served = _served_model(ep)
+    net = net or "none"
+    grants = validate_grants({"jail": bool(jail), "net": net,
+                              "timeout": timeout or DEFAULT_CALL_TIMEOUT, "limits": limits}, "agent")
+    _check_backend(backends.choose(backend), jail, net)
+    opened = run(["true"], target=target, backend=backend, grants=grants, trace=trace, stack=stack,
+                 cause={"kind": "agent", "event": "open"})
+    session = get_session(opened.sid)
+    settings = {"endpoint": _recordable(ep), "model": served, "max_turns": max_turns,
+                "context_window": context_window, "system": system, "audit": bool(audit)}
+    session.meta.update(command=f"agent: {_oneline(task if not audit else 'containment audit')}",
+                        agent=settings)
+    if audit:
+        session.meta["audit"] = True
+    session.save()
+    situation = prompt.Situation(
+        provider=ep.provider, model=served, base_url=ep.base_url, target=session.target,
+        jailed=bool(jail), backend=session.meta["backend"], net=net, call_timeout=grants["timeout"],
+        limits=grant_limits.effective(grants.get("limits")), operator=_operator(),
+        own_source=_own_source(session.target), audit=bool(audit))
+    with T.writer(session.dir, "run the agent in"):
+        record = T.Transcript(session.dir, on_event)
+        record.record("system", prompt=prompt.system_prompt(situation, system), tools=tools.SPECS)
+        record.record("task", text=task, message={"role": "user", "content": task}, audit=bool(audit))
+        return _drive(session, ep, record, max_turns, context_window, on_delta, cancel)
+
+
+def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_delta=None,
+           cancel=None):
+    """Reopen an agent session on its surviving stack: rebuild the conversation from the
+    transcript, deliver the note as the next user turn, continue."""
+    session = get_session(sid)
+    settings = session.meta.get("agent")
+    if not settings or not T.exists(session.dir):
+        raise OverlordError(f"session {sid} was not opened by the agent: nothing to resume")
+    if session.meta["state"] not in store.OPEN_STATES:
+        raise OverlordError(f"cannot resume session {sid}: it is {session.meta['state']}")
+    if session.meta.get("limit"):
+        raise OverlordError(f"cannot resume session {sid}: it crossed its {session.meta['limit']} "
+                            "grant and can run nothing more")
+    ep = _recorded_endpoint(settings["endpoint"], headers)
+    with T.writer(session.dir, "resume"):
+        _check_rebuild(session)
+        record = T.Transcript(session.dir, on_event)
+        conv = record.conversation
+        for call in T.unanswered(conv.messages):
+            record.record("tool_result", turn=conv.turn, call=call["id"], tool=call["name"],
+                          result=T.result(call, "Not run: the previous run stopped before this "
+                                                "call returned."), exit_code=None, layer=None,
+                          paths=None, truncated=False, timed_out=False, cancelled=False, ms=0,
+                          not_run=True)
+        text = (note or "").strip() or (CONTINUE if conv.messages and
+                                        conv.messages[-1].get("role") == "assistant" else None)
+        record.record("resume", note=note, message={"role": "user", "content": text} if text else None)
+        turns = max_turns or settings.get("max_turns")
+        return _drive(session, ep, record, turns, settings.get("context_window"), on_delta, cancel)
+
+
+def _check_rebuild(session):
+    """The replayed transcript must give the last recorded request exactly (its digest)."""
+    events = T.read(session.dir)
+    last = max((i for i, e in enumerate(events) if e.get("type") == "request"), default=None)
+    if last is None:
+        return
+    conv = T.replay(events[:last])
+    if conv.digest() != events[last].get("sha256"):
+        raise OverlordError(f"the transcript of session {session.sid} does not rebuild its last "
+                            "request; the record is damaged")
+
+
+def _drive(session, ep, record, max_turns, context_window, on_delta, cancel):
+    cancel = cancel if isinstance(cancel, Cancel) else Cancel(cancel)
+    sid = session.sid
+
+    def run_one(argv, data, cause, timeout, cap):
+        return exec_capture(sid, argv, input=data, cause=cause, timeout=timeout, cap=cap,
+                            wait=True, cancel=cancel.event)
+    toolbox = tools.Toolbox(run_one, session.target, os.path.relpath(session.target, _command_cwd(session.target)),
+                            timeout=session.meta["grants"].get("timeout"))
+    loop = Loop(providers.get(ep.provider), ep, toolbox, record, cancel, max_turns=max_turns,
+                context_window=context_window, on_delta=on_delta,
+                limit_crossed=lambda: bool(store.load_meta(sid).get("limit")),
+                touched=lambda layer: _touched(session, layer))
+    with cancel.signals():
+        done = loop.run()
+    return AgentResult(sid, done.reason, done.turns, done.usage, get_session(sid).plan(), done.message)
+
+
+def _touched(session, layer):
+    return sorted({r["path"] for r in store.read_jsonl(session.path("provenance.jsonl"))
+                   if r.get("layer") == layer})
+
+
+def _check_backend(mod, jail, net):
+    if mod.NAME == "kernel":
+        return
+    if jail:
+        raise OverlordError(f"the agent runs jailed, and the jail needs the kernel backend, which "
+                            f"is unavailable here ({backends.get('kernel').probe()[1]}); pass "
+                            "--no-jail to run it in the transaction without the jail")
+    if net == "none":
+        raise OverlordError(f"--net none needs the kernel backend; on the {mod.NAME} backend pass "
+                            "--net host as well")
+
+
+def _operator():
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    return f"{name} (uid {uid}) on {socket.gethostname()}"
+
+
+def _own_source(target):
+    """Whether the working folder is OVERLORD's source: this checkout, or another one."""
+    here = os.path.dirname(os.path.dirname(os.path.realpath(overlord.__file__)))
+    return os.path.realpath(target) == here or all(
+        os.path.isfile(os.path.join(target, "overlord", p))
+        for p in ("ops/__init__.py", "sandbox/jail.py", "agent/loop.py"))
+
+
+def _oneline(text, n=60):
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+# -- records, keys, models ----------------------------------------------------------------------
+
+def transcript(sid):
+    """The session's transcript events, oldest first."""
+    session = get_session(sid)
+    if not T.exists(session.dir):
+        raise NotFound(f"session {sid} has no transcript (it was not an agent session)")
+    return T.read(session.dir)
+
+
+def keys_set(provider, key):
+    key_store.set(provider, key)
+
+
+def keys_list():
+    return key_store.listing()
+
+
+def models(provider=None, base_url=None, headers=None, api=None, azure_api_version=None,
+           script=None):
+    """What the endpoint serves right now: [{"id", "name"}]."""
+    ep = endpoint(provider, None, base_url, headers,
+                  {"api": api, "azure_api_version": azure_api_version}, script)
+    try:
+        return providers.get(ep.provider).list_models(ep)
+    except ProviderError as exc:
+        raise OverlordError(str(exc)) from None
