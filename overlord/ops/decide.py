@@ -45,6 +45,7 @@ def commit(sid, force=False, merge=False, only=(), drop=()):
             merged = K.three_way(session, drifts, view)
             drifts = []
         K.refuse_if_drift(drifts, force)
+        session.drop_flat()          # its hard links would keep files from moving into place
         keeper = objects.Keeper(sid)
         try:
             records = store.read_jsonl(session.path("provenance.jsonl"))
@@ -89,7 +90,7 @@ def _drop_working_files(session):
     """Keep the small record (meta, provenance, syscalls); drop layers, scratch dirs and the
     session's cgroup."""
     limits.Cgroup(session.sid, None).remove()
-    for name in ("layers", "upper", "work", "merged", "base"):
+    for name in ("layers", "flat", "upper", "work", "merged", "base"):
         remove_tree(session.path(name))
 
 

@@ -50,6 +50,7 @@ def rewind(session, to):
     archive = {"rewound_at": time.time(), "to": to, "layers": dropped, "provenance": tail}
     store.write_json_atomic(session.path(f"rewound-{stamp}-{to}.json"), archive)
     _rewrite_jsonl(session.path("provenance.jsonl"), keep)
+    session.drop_flat()
     session.meta["layers"] = session.meta["layers"][:to + 1]
     session.meta.setdefault("rewinds", []).append({"at": time.time(), "to": to, "dropped": len(dropped)})
     session.save()

@@ -6,6 +6,7 @@ import stat
 import time
 
 from overlord.txn import changes as C
+from overlord.txn import flatten
 from overlord.txn import layers as L
 from overlord.txn import store
 
@@ -87,9 +88,36 @@ class Session:
         dirs = self.layer_dirs()
         if self.absorbing:
             self._snapshot = _signatures(L.read_layer(dirs[-1], self.dialect))
-            return list(reversed(dirs[:-1])) + [self.target], dirs[-1]
+            return self._lowers(dirs[:-1]) + [self.target], dirs[-1]
         upper, _ = self.prepare_upper()
-        return list(reversed(dirs)) + [self.target], upper
+        return self._lowers(dirs) + [self.target], upper
+
+    def _lowers(self, dirs):
+        """The sealed layers as the next mount takes them: on the kernel backend one
+        flattened directory (see flatten.py), else every layer, top-most first."""
+        if self.dialect != "kernel" or len(dirs) < 2:
+            return list(reversed(dirs))
+        flat = self.path("flat")
+        have = self.meta.get("flat", 0) if os.path.isdir(flat) else 0
+        if have == 0 or have > len(dirs):
+            remove_tree(flat)
+            os.mkdir(flat, 0o700)
+            have = 0
+        for d in dirs[have:]:
+            flatten.apply(flat, d, self.dialect)
+        self.meta["flat"] = len(dirs)
+        return [flat]
+
+    def drop_flat(self):
+        """Before the layers change under it (rewind) or are consumed (commit)."""
+        remove_tree(self.path("flat"))
+        self.meta.pop("flat", None)
+
+    def _below_dirs(self, count):
+        """Top-most first: what the first `count` layers look like to a lookup."""
+        if self.meta.get("flat") == count and count >= 2 and os.path.isdir(self.path("flat")):
+            return [self.path("flat")]
+        return list(reversed(self.layer_dirs()[:count]))
 
     def prepare_upper(self):
         """A fresh, empty upper (and a work dir, which overlay empties itself on every mount)
@@ -143,7 +171,7 @@ class Session:
         before = getattr(self, "_snapshot", {})
         changed = {p: e for p, e in now.items() if _signatures({p: e}).get(p) != before.get(p)}
         gone = [p for p in before if p not in now]
-        below = list(reversed(self.layer_dirs()[:-1]))
+        below = self._below_dirs(index)
         records = self._layer_records(changed, index, cause, below)
         records += [{"path": p, "kind": "undone", "layer": index, "caused_by": cause,
                      "before": None, "after": None} for p in gone]
@@ -172,11 +200,13 @@ class Session:
         A path seen through to the real tree is touched for the first time: its real state is
         fingerprinted into the record ("base"), the evidence commit checks drift against."""
         if stack_dirs is None:
-            stack_dirs = list(reversed(self.layer_dirs()))
+            stack_dirs = self._below_dirs(index)
         records = []
         for path in sorted(fresh, key=lambda p: p.split("/")):
             entry = fresh[path]
-            before_abs, before_st, from_real = self.below(path, stack_dirs)
+            # the tree root's attributes below are the top layer's own, never the flat copy's
+            dirs = self.layer_dirs()[index - 1:index] if path == "" and index else stack_dirs
+            before_abs, before_st, from_real = self.below(path, dirs)
             kind = C.layer_change(entry, before_abs, before_st)
             if kind is None:
                 continue
