@@ -16,7 +16,7 @@ one a provider accepts.
 import dataclasses
 import time
 
-from overlord.agent import compaction, tools
+from overlord.agent import compaction, ratelimit, tools
 from overlord.agent.cancel import Cancelled
 from overlord.agent.providers.base import ProviderError
 from overlord.agent.transcript import request_digest, result, unanswered
@@ -118,7 +118,6 @@ class Loop:
         return reply
 
     def _headers(self, provider, headers):
-        from overlord.agent import ratelimit
         ratelimit.record(provider, headers)
 
     def _count(self, usage):

@@ -222,9 +222,10 @@ def _check_backend(mod, jail, net):
     if mod.NAME == "kernel":
         return
     if jail:
-        raise OverlordError(f"the agent runs jailed, and the jail needs the kernel backend, which "
-                            f"is unavailable here ({backends.get('kernel').probe()[1]}); pass "
-                            "--no-jail to run it in the transaction without the jail")
+        ok, why = backends.get("kernel").probe()
+        which = f"which is unavailable here ({why})" if not ok else f"not the {mod.NAME} backend"
+        raise OverlordError(f"the agent runs jailed, and the jail needs the kernel backend, {which}; "
+                            "pass --no-jail to run it in the transaction without the jail")
     if net == "none":
         raise OverlordError(f"--net none needs the kernel backend; on the {mod.NAME} backend pass "
                             "--net host as well")

@@ -233,3 +233,30 @@ def test_resume_refuses_what_it_cannot_continue(kovl, target, tmp_path):
     assert proc.returncode == 1 and "it is rolled-back" in proc.err
     proc = kovl("transcript", sid, "--json", check=0)
     assert [e["type"] for e in json.loads(proc.out)][-1] == "done"
+
+
+def test_ctrl_c_during_a_model_call_stops_at_once(kovl, target, claude):
+    stalled = claude.turn(text="too late")
+    stalled.stall = 30
+    claude.queue(stalled, claude.turn(text="Back."))
+    proc = subprocess.Popen([sys.executable, "-m", "overlord", "agent", "-t", str(target), *flags(claude),
+                             "wait for the model"], env=kovl.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while not claude.requests:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < 2.0 and proc.returncode == 130, (took, out, err)
+    sid = SESSION_RE.search(out.decode()).group(1)
+    events = kovl.events(sid)
+    assert [e["type"] for e in events][-2:] == ["request", "done"] and events[-1]["reason"] == "cancelled"
+    proc = kovl("resume", sid, "--note", "try again")
+    assert proc.returncode == 0 and "Back." in proc.out, proc.err

@@ -4,8 +4,6 @@ make savepoints; the jail-by-default beacon; timeouts; the backend refusals."""
 import os
 import time
 
-import pytest
-
 from agentlib import call, kovl, of_type, require, results, tree, AgentOvl  # noqa: F401
 
 
@@ -206,3 +204,16 @@ def test_errors_are_one_line_and_open_nothing(kovl, target, tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.err
     assert proc.err.strip() == "overlord: scripted: the endpoint is down"
     assert "done error" in proc.out and kovl.events(sid)[-1]["reason"] == "error"
+
+
+def test_crossing_the_disk_grant_stops_the_run_with_limit(kovl, target, tmp_path):
+    sid, proc = kovl.scripted(target, tmp_path, [
+        {"tool_calls": [call("shell", command="head -c 8000000 /dev/zero > big.bin"),
+                        call("write_file", path="after.txt", content="never")]},
+        {"text": "unreachable"}], "--limit", "disk_mb=2")
+    assert proc.returncode == 1 and "done limit" in proc.out, (proc.out, proc.err)
+    res = list(results(kovl.events(sid)).values())
+    assert res[1]["not_run"] and "disk grant" in res[1]["result"]["content"]
+    assert kovl.meta(sid)["limit"] == "disk_mb" and kovl.events(sid)[-1]["reason"] == "limit"
+    proc = kovl("resume", sid, "--note", "again")
+    assert proc.returncode == 1 and "crossed its disk_mb grant" in proc.err
