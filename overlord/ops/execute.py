@@ -15,6 +15,17 @@ from overlord.ops.grants import _check_backend_grants, _inside, resolve_target
 from overlord.ops.review import _recover_stale, get_session
 
 
+# -- the launcher hook --------------------------------------------------------------------------
+# Namespaces come from a fresh single-threaded process (DESIGN.md): a threaded face (the web UI)
+# must never clone them itself. Such a face forks a single-threaded helper before its first
+# thread (overlord/web/launcher.py) and sets `launcher` to the helper's client. From then on
+# run() and exec_in() -- and so exec_capture() and every tool call of an agent running in one of
+# the face's threads -- are performed by the helper and come back as the same results. The
+# helper itself keeps `launcher` None. A pty or an on_child hook cannot cross the process
+# boundary, so run() with either is refused while a launcher is set.
+launcher = None
+
+
 # -- run ----------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -32,6 +43,11 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     """Open a session on target, run one command in it, leave it pending. Returns RunResult."""
     if not argv:
         raise UsageError("missing command after --")
+    if launcher is not None:
+        if pty_slave is not None or on_child is not None:
+            raise UsageError("a pty or an on_child hook cannot be used through the launcher")
+        return launcher.run(argv, target=target, backend=backend, grants=grants, trace=trace,
+                            wait=wait, stack=stack, cause=cause)
     grants = grants or {}
     target = resolve_target(target)
     mod = backends.choose(backend)
@@ -87,6 +103,9 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=
     0.1 s), whatever signals it ignores -- an agent's Ctrl-C."""
     if not argv:
         raise UsageError("missing command after --")
+    if launcher is not None:
+        return launcher.exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=stdio,
+                                cancel=cancel)
     session = get_session(sid)
     if session.meta["state"] not in store.OPEN_STATES:
         raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")

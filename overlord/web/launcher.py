@@ -1,0 +1,253 @@
+"""The launcher: a single-threaded helper that opens sessions and runs commands for a threaded face.
+
+The kernel backend clones namespaces from the calling process and runs Python in the child;
+from a multithreaded server that is unsafe (a lock another thread held at the clone stays held
+forever in the child). So `overlord ui` forks this helper at start-up, before its first thread,
+and sets `ops.execute.launcher` to a Client: every `run` and `exec_in` made anywhere in the
+server (the agent's tool calls included) travels here instead.
+
+    server thread ──request + reply socket + stdio fds──▶ helper (one loop, never a thread)
+                                                            └─fork─▶ worker: ops.run / exec_in
+    server thread ◀──────────── result (JSON) ──────────────────────────┘
+
+The helper forks one worker per request, so a long command in one conversation never holds
+up another's. Requests are JSON datagrams on a SOCK_SEQPACKET socketpair; each carries a fresh
+socketpair end of its own (SCM_RIGHTS) on which the worker answers and on which the server may
+send b"cancel": the worker's cancel is that socket, polled by the engine every 0.1 s while the
+command runs, so Stop kills the command tree within a fraction of a second. A server thread that
+goes away (its end closed) cancels too. The helper dies with the server (PR_SET_PDEATHSIG), the
+workers with the helper, and a command with its worker (the engine's own PDEATHSIG).
+"""
+import json
+import os
+import select
+import signal
+import socket
+import threading
+
+from overlord import errors
+from overlord.errors import OverlordError
+
+MAX_MESSAGE = 1 << 20
+POLL = 0.1                 # seconds between cancel checks while a request runs
+
+
+# -- the server's side --------------------------------------------------------------------------
+
+class Client:
+    """What ops.execute.launcher is set to in the server: run() and exec_in() by proxy."""
+
+    def __init__(self, pid, sock):
+        self.pid, self.sock = pid, sock
+        self._send = threading.Lock()
+
+    def call(self, request, fds=(), cancel=None):
+        """Send one request; wait for its answer, passing a cancel on. Returns the answer dict
+        or raises the OverlordError the worker raised."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            data = json.dumps(request).encode()
+            with self._send:
+                try:
+                    socket.send_fds(self.sock, [data], [theirs.fileno(), *fds])
+                except OSError as exc:
+                    raise OverlordError(f"the launcher helper is gone ({exc.strerror})") from None
+            theirs.close()
+            asked = False
+            while True:
+                ready, _, _ = select.select([mine], [], [], POLL)
+                if ready:
+                    answer = mine.recv(MAX_MESSAGE)
+                    break
+                if cancel is not None and not asked and cancel.is_set():
+                    mine.send(b"cancel")
+                    asked = True
+        finally:
+            theirs.close()
+            mine.close()
+        if not answer:
+            raise OverlordError("the launcher helper's worker died before it answered")
+        answer = json.loads(answer)
+        if "error" in answer:
+            cls = getattr(errors, answer["error"], OverlordError)
+            if not (isinstance(cls, type) and issubclass(cls, OverlordError)):
+                cls = OverlordError
+            raise cls(answer["message"])
+        return answer
+
+    def run(self, argv, target=None, backend=None, grants=None, trace=None, wait=False,
+            stack=False, cause=None):
+        from overlord.ops.execute import RunResult
+        from overlord.ops.review import get_session
+        a = self.call({"op": "run", "argv": list(argv), "target": target, "backend": backend,
+                       "grants": grants, "trace": trace, "wait": wait, "stack": stack,
+                       "cause": cause})
+        _opened(a["sid"])
+        return RunResult(a["sid"], a["exit_code"], a["timed_out"], a["state"],
+                         get_session(a["sid"]).plan(), a["syscalls"])
+
+    def exec_in(self, sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=None):
+        from overlord.ops.execute import ExecResult
+        fds = [fd for fd in stdio or () if fd is not None]
+        if stdio is not None and len(fds) != len(stdio):
+            raise OverlordError("the launcher takes stdio as three descriptors")
+        a = self.call({"op": "exec_in", "sid": sid, "argv": list(argv), "cause": cause,
+                       "timeout": timeout, "wait": wait, "stdio": len(fds)}, fds, cancel)
+        return ExecResult(a["sid"], a["exit_code"], a["timed_out"], a["layer"])
+
+    def probe_all(self):
+        return {name: tuple(v) for name, v in self.call({"op": "probe"})["backends"].items()}
+
+    def close(self):
+        try:
+            self.sock.close()
+        finally:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+_local = threading.local()
+
+
+class opening:
+    """`with opening(callback):` -- callback(sid) when run() opens a session on this thread.
+    (ops.agent opens its session inside the call; a chat needs the id while the agent runs.)"""
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def __enter__(self):
+        _local.opened = self.callback
+
+    def __exit__(self, *exc):
+        _local.opened = None
+
+
+def _opened(sid):
+    callback = getattr(_local, "opened", None)
+    if callback:
+        callback(sid)
+
+
+def start():
+    """Fork the helper. Call while this process is still single-threaded. Returns a Client."""
+    if threading.active_count() > 1:
+        raise OverlordError("the launcher must be started before any thread")
+    import overlord.ops  # noqa: F401 - imported once here, not in every worker
+    server_side, helper_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        server_side.close()
+        code = 1
+        try:
+            _helper(helper_side)
+            code = 0
+        finally:
+            os._exit(code)
+    helper_side.close()
+    return Client(pid, server_side)
+
+
+# -- the helper ---------------------------------------------------------------------------------
+
+def _helper(sock):
+    from overlord.linux import libc
+    libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # ^C at the terminal is the server's
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    workers = set()
+    while True:
+        ready, _, _ = select.select([sock], [], [], 1.0)
+        _reap(workers)
+        if not ready:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
+        except InterruptedError:
+            continue
+        if not data:
+            return                       # the server closed its end: leave with it
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            try:
+                _worker(json.loads(data), fds)
+            finally:
+                os._exit(0)
+        workers.add(pid)
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap(workers):
+    for pid in list(workers):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            workers.discard(pid)
+
+
+class _SocketCancel:
+    """A cancel flag read from the reply socket: b"cancel", or the server's end closing."""
+
+    def __init__(self, sock):
+        self.sock, self.flag = sock, False
+
+    def is_set(self):
+        if not self.flag:
+            try:
+                data = self.sock.recv(16, socket.MSG_DONTWAIT)
+                self.flag = True if data in (b"cancel", b"") else self.flag
+            except BlockingIOError:
+                pass
+            except OSError:
+                self.flag = True
+        return self.flag
+
+
+def _worker(request, fds):
+    from overlord.linux import libc
+    libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    reply = socket.socket(fileno=fds[0])
+    stdio = fds[1:]
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)                 # a command without stdio of its own writes nowhere
+    try:
+        answer = _perform(request, stdio, _SocketCancel(reply))
+    except OverlordError as exc:
+        answer = {"error": type(exc).__name__, "message": str(exc)}
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        answer = {"error": "OverlordError", "message": f"{exc.strerror or exc}{where}"}
+    except BaseException as exc:  # noqa: BLE001 - the server must get an answer, whatever it was
+        answer = {"error": "OverlordError", "message": f"internal error: {type(exc).__name__}: {exc}"}
+    try:
+        reply.send(json.dumps(answer).encode())
+    except OSError:
+        pass                          # the asking thread is gone
+
+
+def _perform(request, stdio, cancel):
+    from overlord.ops import execute
+    from overlord.sandbox import backends
+    op = request["op"]
+    if op == "run":
+        r = execute.run(request["argv"], target=request["target"], backend=request["backend"],
+                        grants=request["grants"], trace=request["trace"], wait=request["wait"],
+                        stack=request["stack"], cause=request["cause"])
+        return {"sid": r.sid, "exit_code": r.exit_code, "timed_out": r.timed_out, "state": r.state,
+                "syscalls": r.syscalls}
+    if op == "exec_in":
+        r = execute.exec_in(request["sid"], request["argv"], cause=request["cause"],
+                            timeout=request["timeout"], wait=request["wait"],
+                            stdio=tuple(stdio) if request["stdio"] else None, cancel=cancel)
+        return {"sid": r.sid, "exit_code": r.exit_code, "timed_out": r.timed_out, "layer": r.layer}
+    if op == "probe":
+        return {"backends": {name: list(v) for name, v in backends.probe_all().items()}}
+    raise OverlordError(f"the launcher does not know {op!r}")
