@@ -66,7 +66,7 @@ case $p in "$root"|"$root"/*) ;; *) echo "refused: $2 leads outside the project 
 '''
 SCRIPTS = {
     "list_dir": _RESOLVE + r'''[ -d "$p" ] || { echo "not a directory: $2" >&2; exit 4; }
-cd -- "$p" && exec find . -mindepth 1 -maxdepth 1 -printf '%y\0%s\0%P\0%l\0'
+cd -- "$p" && exec find . -mindepth 1 -maxdepth 1 -printf '%y %s %P\t%l\n'
 ''',
     "read_file": _RESOLVE + r'''[ -e "$p" ] || { echo "no such file: $2" >&2; exit 4; }
 [ -d "$p" ] && { echo "$2 is a directory (use list_dir)" >&2; exit 4; }
@@ -188,13 +188,10 @@ class Toolbox:
         failed = self._failed(cap)
         if failed:
             return failed
-        fields = _text(cap.stdout).split("\0")
-        rows = []
-        for kind, size, name, link in zip(*[iter(fields)] * 4):
-            rows.append(f"{name}/" if kind == "d" else f"{name} -> {link}" if kind == "l"
-                        else f"{name}  {size}")
-        text = "\n".join(sorted(rows)) or "(empty directory)"
-        return _outcome(cap, text + ("\n[more entries were left out]" if cap.truncated else ""))
+        rows = [_entry(line) for line in _text(cap.stdout).splitlines()]
+        if not cap.truncated:
+            return _outcome(cap, "\n".join(sorted(rows)) or "(empty directory)")
+        return _outcome(cap, "\n".join(rows) + "\n[more entries were left out]")
 
     def _read_file(self, args, cause):
         rel = relative(args["path"], self.root)
@@ -211,7 +208,7 @@ class Toolbox:
 
     def _write_file(self, args, cause):
         rel = relative(args["path"], self.root)
-        data = args["content"].encode("utf-8", "surrogateescape")
+        data = _bytes(args["content"])
         cap = self._script("write_file", [rel], cause, input=data)
         return self._failed(cap) or _outcome(cap, f"wrote {len(data)} bytes to {rel}")
 
@@ -233,14 +230,14 @@ class Toolbox:
             return Outcome(f"edit_file: `old` {where} in {rel}; it must match exactly once",
                            is_error=True)
         digest = hashlib.sha256(read.stdout).hexdigest()
-        data = text.replace(old, new, 1).encode("utf-8", "surrogateescape")
+        data = _bytes(text.replace(old, new, 1))
         cap = self._script("rewrite", [rel, digest], cause, input=data)
         return self._failed(cap) or _outcome(cap, f"edited {rel}: replaced 1 occurrence")
 
     def _search(self, args, cause):
         rel = relative(args.get("path") or ".", self.root)
         rel = "./" + rel if rel.startswith("-") else rel      # grep reads "-" as stdin
-        pattern = args["pattern"].encode("utf-8", "surrogateescape")
+        pattern = _bytes(args["pattern"])
         cap = self._script("search", [rel], cause, input=pattern + b"\n")
         if cap.exit_code == 1 and not cap.timed_out:
             return _outcome(cap, "no matches")
@@ -252,10 +249,10 @@ class Toolbox:
 
     def _shell(self, args, cause):
         command = args["command"]
-        timeout = args.get("timeout") or SHELL_TIMEOUT
+        timeout = max(1, args.get("timeout") or SHELL_TIMEOUT)
         script = f"cd -- {shlex.quote(self.up)} || exit 125\nexec 3<&-\n{command}\n"
         limit = self._limit(timeout)
-        cap = self.run(["sh", "-c", SHELL_ARGV, self.shell], script.encode("utf-8", "surrogateescape"),
+        cap = self.run(["sh", "-c", SHELL_ARGV, self.shell], _bytes(script),
                        cause, limit, OUTPUT_CAP)
         parts = [f"exit code: {cap.exit_code}"]
         if cap.timed_out:
@@ -270,6 +267,16 @@ class Toolbox:
         return _outcome(cap, "\n".join(parts), is_error=cap.timed_out)
 
 
+def _entry(line):
+    """'d 4096 src\t' -> 'src/'; a line cut by the output cap is shown as it came."""
+    kind, _, rest = line.partition(" ")
+    size, _, rest = rest.partition(" ")
+    name, tab, link = rest.rpartition("\t")
+    if not tab or not size.isdigit():
+        return line
+    return f"{name}/" if kind == "d" else f"{name} -> {link}" if kind == "l" else f"{name}  {size}"
+
+
 def _outcome(cap, content, is_error=False):
     return Outcome(content, is_error=is_error, exit_code=cap.exit_code, layer=cap.layer,
                    truncated=cap.truncated, timed_out=cap.timed_out)
@@ -277,3 +284,11 @@ def _outcome(cap, content, is_error=False):
 
 def _text(data):
     return data.decode("utf-8", "replace")
+
+
+def _bytes(text):
+    """A model's text as bytes; bytes a file held that were not UTF-8 go back as they were."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:          # a lone surrogate the JSON carried: not a byte we read
+        return text.encode("utf-8", "replace")

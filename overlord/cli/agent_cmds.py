@@ -107,9 +107,13 @@ class Live:
     def __init__(self, out=None, err=None):
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.streamed = False      # text of the current reply was already printed
-        self.open_line = False
+        self.open_line = False     # stdout is mid-line
+        self.thinking = False      # stderr is mid-thought
 
     def delta(self, kind, text):
+        if kind != "thinking" and self.thinking:
+            self.err.write("\n")
+            self.thinking = False
         if kind == "text":
             self.out.write(text)
             self.out.flush()
@@ -117,6 +121,7 @@ class Live:
         elif kind == "thinking":
             self.err.write(text)
             self.err.flush()
+            self.thinking = True
         elif kind == "restart":
             self._end_line()
             self.err.write("[the stream broke; the reply starts over]\n")
@@ -129,6 +134,9 @@ class Live:
 
     def event(self, ev):
         kind = ev["type"]
+        if self.thinking:
+            self.err.write("\n")
+            self.thinking = False
         if kind == "assistant":
             text = ev["message"].get("text")
             if text and not self.streamed:

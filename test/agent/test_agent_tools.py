@@ -217,3 +217,12 @@ def test_crossing_the_disk_grant_stops_the_run_with_limit(kovl, target, tmp_path
     assert kovl.meta(sid)["limit"] == "disk_mb" and kovl.events(sid)[-1]["reason"] == "limit"
     proc = kovl("resume", sid, "--note", "again")
     assert proc.returncode == 1 and "crossed its disk_mb grant" in proc.err
+
+
+def test_a_huge_directory_listing_is_capped(kovl, target, tmp_path):
+    _, res, _ = run_calls(kovl, target, tmp_path, [
+        call("shell", command="mkdir many && cd many && seq -f 'file-%06g' 1 20000 | xargs touch"),
+        call("list_dir", path="many")])
+    text = res[1]["result"]["content"]
+    assert res[1]["truncated"] and text.endswith("[more entries were left out]")
+    assert len(text) < 40 << 10 and "file-" in text and "  0" in text
