@@ -47,29 +47,37 @@ def commit(sid, force=False, merge=False, only=(), drop=()):
         K.refuse_if_drift(drifts, force)
         session.drop_flat()          # its hard links would keep files from moving into place
         keeper = objects.Keeper(sid)
+        records = store.read_jsonl(session.path("provenance.jsonl"))
+
+        def done(bfd, steps):
+            """The tree is committed and the journal says so: record it before the journal
+            goes, then keep what was replaced while the backup still holds it."""
+            session.meta.update(state="committed", committed=time.time(),
+                                forced=bool(force and drifts), merged=sorted(merged),
+                                committed_layers=sorted(chosen) if chosen is not None else None)
+            session.save()
+            _keep_record(session, chosen, keeper, bfd, steps, after, records)
         try:
-            records = store.read_jsonl(session.path("provenance.jsonl"))
             after = retain.written(keeper, view, merged, records)
-            before = replay.replay(sid, session.target, view, merged, consume=True,
-                                   keep=lambda bfd, steps: retain.replaced(keeper, bfd, steps))
+            replay.replay(sid, session.target, view, merged, consume=True, on_done=done)
         except BaseException:
             keeper.abandon()
             raise
-        _keep_record(session, chosen, keeper, before, after, records)
-        session.meta.update(state="committed", committed=time.time(), forced=bool(force and drifts),
-                            merged=sorted(merged),
-                            committed_layers=sorted(chosen) if chosen is not None else None)
-        session.save()
     _drop_working_files(session)
     return CommitResult(sid, plan, sorted(merged))
 
 
-def _keep_record(session, chosen, keeper, before, after, records):
+def _keep_record(session, chosen, keeper, bfd, steps, after, records):
     """The committed record (before/after of every path) and its objects. The commit already
     stands: a failure here costs blame and revert their detail, never the commit."""
+    before = None
     try:
+        before = retain.replaced(keeper, bfd, steps)
         retain.layer_versions(keeper, session, chosen, records)
         keeper.finish()
+    except OSError:
+        pass
+    try:
         retain.save(session, before, after, keeper)
     except OSError:
         pass

@@ -257,8 +257,10 @@ def make_removable(path):
     """Overlay leaves a mode-000 dir in its work dir: open it up so it can be deleted."""
     for root, subdirs, _ in os.walk(path):
         for d in subdirs:
+            p = os.path.join(root, d)
             try:
-                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+                if not os.path.islink(p):
+                    os.chmod(p, 0o700)
             except OSError:
                 pass
 

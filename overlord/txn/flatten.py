@@ -76,7 +76,8 @@ def _remove(path, st):
         os.chmod(path, 0o700)
         for root, dirs, _ in os.walk(path):
             for d in dirs:
-                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+                if not os.path.islink(os.path.join(root, d)):
+                    os.chmod(os.path.join(root, d), 0o700)
         shutil.rmtree(path)
     else:
         os.unlink(path)

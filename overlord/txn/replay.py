@@ -155,14 +155,15 @@ def plan_steps(fds, view, merged):
     return steps
 
 
-def replay(sid, target, view, merged=None, consume=False, keep=None):
+def replay(sid, target, view, merged=None, consume=False, on_done=None):
     """Make the real tree equal the view on every path the view names, atomically.
 
     merged: {path: bytes} for files whose content is a three-way merge result.
     consume: the layers are discarded afterwards, so files may be moved out of them.
-    keep: called once the commit is final, with the backup directory's fd and the steps, to
-    keep what was replaced before the backup is dropped; its result is returned (None if it
-    failed: the commit stands either way).
+    on_done: called once the commit is final and journaled as done, with the backup
+    directory's fd and the steps — to record the commit before the journal goes and to keep
+    what was replaced before the backup is dropped. A crash inside it is completed by
+    recovery; its errors do not undo the commit.
     """
     merged = merged or {}
     fds = DirFds(target)
@@ -188,16 +189,13 @@ def replay(sid, target, view, merged=None, consume=False, keep=None):
         fds.close()
         undo(journal.data)
         raise
-    kept = None
     try:
-        kept = keep(bfd, steps) if keep else None
-    except OSError:
-        pass
+        if on_done:
+            on_done(bfd, steps)
     finally:
         os.close(bfd)
         fds.close()
     settle(journal.data)
-    return kept
 
 
 def _open_layer_dirs(view, journal):

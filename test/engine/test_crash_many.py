@@ -5,7 +5,7 @@ import hashlib
 import os
 
 from overlord import ops
-from overlord.txn import replay, store
+from overlord.txn import objects, replay, store
 
 FILES = 2000
 SCRIPT = ("i=0; while [ $i -lt %d ]; do d=d$((i / 200)); mkdir -p $d; echo new$i > $d/f$i; "
@@ -39,12 +39,14 @@ def digest(root):
 def killed_commit(sid, point):
     """Commit in a child that dies (as by kill -9) at a fault point: ("save", n) during the
     n-th journal write, ("step", n) before replay step n, ("finish", 0) right after the
-    journal is marked done."""
+    journal is marked done, ("keep", n) at the n-th replaced file kept as an object, ("pack", 0)
+    as the commit's objects are finished, before its record is written."""
     pid = os.fork()
     if pid == 0:
         kind, n = point
-        calls = {"save": 0, "step": 0}
+        calls = {"save": 0, "step": 0, "keep": 0}
         real_save, real_apply, real_finish = replay.Journal.save, replay._apply, replay.Journal.finish
+        real_take, real_pack = objects.Keeper.take_at, objects.Keeper.finish
 
         def save(self):
             if kind == "save" and calls["save"] == n:
@@ -66,7 +68,19 @@ def killed_commit(sid, point):
             real_finish(self)
             if kind == "finish":
                 os._exit(9)
+
+        def take_at(self, *args):
+            if kind == "keep" and calls["keep"] == n:
+                os._exit(9)
+            calls["keep"] += 1
+            return real_take(self, *args)
+
+        def pack(self):
+            if kind == "pack":
+                os._exit(9)
+            return real_pack(self)
         replay.Journal.save, replay._apply, replay.Journal.finish = save, apply, finish
+        objects.Keeper.take_at, objects.Keeper.finish = take_at, pack
         try:
             ops.commit(sid)
         except BaseException as exc:
@@ -75,6 +89,9 @@ def killed_commit(sid, point):
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+AFTER_POINTS = [("finish", 0), ("keep", 0), ("keep", 150), ("pack", 0)]
 
 
 def test_commit_killed_at_200_points(home, backend, monkeypatch, tmp_path):
@@ -89,7 +106,11 @@ def test_commit_killed_at_200_points(home, backend, monkeypatch, tmp_path):
     assert len(points) >= 200
     outcomes = {"before": 0, "after": 0}
     after = None
-    for point in points + [("finish", 0)]:
+    for point in points + AFTER_POINTS:
+        if point in AFTER_POINTS[1:]:           # each completion point needs a fresh commit
+            target = str(tmp_path / f"t-{point[0]}-{point[1]}")
+            make_target(target)
+            sid = ops.run(["sh", "-c", SCRIPT], target=target).sid
         code = killed_commit(sid, point)
         assert code == 9, f"the commit did not reach fault point {point}"
         ops.recover()
@@ -102,14 +123,15 @@ def test_commit_killed_at_200_points(home, backend, monkeypatch, tmp_path):
             outcomes["before"] += 1
         else:
             assert state == "committed", (point, state)
+            assert after is None or got == after, point
             after = got
             outcomes["after"] += 1
-    assert outcomes["after"] == 1 and outcomes["before"] == len(points), outcomes
+    assert outcomes["after"] == len(AFTER_POINTS) and outcomes["before"] == len(points), outcomes
     # the committed tree is the session's: every new file, every appended line, gone removed
     assert after and os.path.isfile(os.path.join(target, "d0", "f0"))
     assert not os.path.exists(os.path.join(target, "gone"))
     with open(os.path.join(target, "old", "o7")) as f:
         assert f.read() == "old7\nchanged\n"
-    print(f"crash points: {len(points) + 1}; recovered to before: {outcomes['before']}, "
-          f"to after: {outcomes['after']}")
+    print(f"crash points: {len(points) + len(AFTER_POINTS)}; recovered to before: "
+          f"{outcomes['before']}, to after: {outcomes['after']}")
     assert store.load_meta(sid)["state"] == "committed"

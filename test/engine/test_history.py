@@ -144,3 +144,63 @@ def test_the_real_stack_limit_on_the_kernel_backend(home, monkeypatch, target):
     assert ops.exec_in(sid, ["sh", "-c", "test $(wc -l < log) -eq 500"]).exit_code == 0
     ops.rewind(sid, 250)
     assert ops.exec_in(sid, ["sh", "-c", "test $(wc -l < log) -eq 250 && test -e f249 && test ! -e f250"]).exit_code == 0
+
+
+VIEW_DIGEST = ("find . -printf '%y %m %p %l\\n' | LC_ALL=C sort; "
+               "find . -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum")
+
+
+def _random_op(rng, step):
+    n, m = rng.randrange(6), rng.randrange(4)
+    return rng.choice([
+        f"echo s{step} > f{n}",
+        f"echo more{step} >> f{n} 2>/dev/null || true",
+        f"rm -rf f{n}",
+        f"mkdir -p d{m}/sub && echo x{step} > d{m}/sub/x{n}",
+        f"rm -rf d{m}",
+        f"rm -rf d{m} && echo file{step} > d{m}",
+        f"rm -rf f{n} && mkdir f{n} && echo in{step} > f{n}/inner",
+        f"[ -f f{n} ] && chmod 600 f{n}",
+        f"ln -sfn f{n} l{m}",
+        f"mv f{n} f{(n + 1) % 6} 2>/dev/null || true",
+        f"rm -rf sub && echo replaced{step} > sub",
+    ])
+
+
+def test_rewind_to_random_savepoints_reproduces_their_trees(home, backend, monkeypatch, target, tmp_path):
+    """Every savepoint's tree, as seen inside the session, equals the same shell steps applied
+    to a plain copy; after rewinding to a random @N the session sees exactly @N's tree."""
+    import random
+    import shutil
+    import subprocess
+    from overlord import ops
+    monkeypatch.setenv("OVERLORD_TEST_BACKEND", backend)
+    model = tmp_path / "model"
+    shutil.copytree(target, model, symlinks=True)
+    rng = random.Random(4)
+    sid = ops.run(["sh", "-c", "echo start > f0"], target=str(target)).sid
+    subprocess.run(["sh", "-c", "echo start > f0"], cwd=model, check=True)
+
+    def inside():
+        return ops.exec_capture(sid, ["sh", "-c", VIEW_DIGEST], cap=1 << 20).stdout.decode()
+
+    def plain():
+        return subprocess.run(["sh", "-c", VIEW_DIGEST], cwd=model, capture_output=True,
+                              check=True).stdout.decode()
+    trees = {0: plain()}
+    assert inside() == trees[0]
+    step = 1
+    while len(ops.savepoints(sid)) < 40:
+        op = f"( {_random_op(rng, step)} ) 2>/dev/null || true"
+        step += 1
+        subprocess.run(["sh", "-c", op], cwd=model, check=True)
+        res = ops.exec_in(sid, ["sh", "-c", op])
+        assert res.exit_code == 0, op
+        if res.layer is not None:
+            trees[res.layer] = plain()
+            assert inside() == trees[res.layer], (res.layer, op)
+        else:
+            assert plain() == trees[max(trees)], op     # wrote nothing, changed nothing
+    for n in sorted(rng.sample(sorted(trees), 5), reverse=True):
+        ops.rewind(sid, n)
+        assert inside() == trees[n], n
