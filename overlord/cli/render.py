@@ -74,7 +74,8 @@ def owner_text(owner, width=60):
     """A blame owner in one cell: origin / drift / unknown, or session @layer and cause."""
     if isinstance(owner, str):
         return owner
-    text = f"{owner['sid']} @{owner['layer']} {cause_text(owner)}".rstrip()
+    brief = {k: v for k, v in owner.items() if k != "summary"}     # the call id says which
+    text = f"{owner['sid']} @{owner['layer']} {cause_text(brief)}".rstrip()
     return text if len(text) <= width else text[:width - 1] + "…"
 
 

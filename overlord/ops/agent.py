@@ -136,7 +136,7 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
     settings = {"endpoint": _recordable(ep), "model": served, "max_turns": max_turns,
                 "context_window": context_window, "system": system, "audit": bool(audit)}
     session.meta.update(command=f"agent: {_oneline(task if not audit else 'containment audit')}",
-                        agent=settings)
+                        agent=settings, task=_oneline(task, 200))
     if audit:
         session.meta["audit"] = True
     session.save()
