@@ -5,6 +5,7 @@ import sys
 
 from overlord import __version__, ops
 from overlord.cli import agent_cmds
+from overlord.cli import ui_cmd
 from overlord.cli import render as R
 from overlord.errors import OverlordError, UsageError
 
@@ -138,6 +139,7 @@ def build_parser():
     dr = sub.add_parser("doctor", help="which backends can run here, and why not")
     dr.add_argument("--json", action="store_true", help="machine-readable output")
     agent_cmds.add_parsers(sub)
+    ui_cmd.add_parser(sub)
     return p
 
 
@@ -186,7 +188,7 @@ def dispatch(argv):
         return ops.exec_in(args.sid, cmd, timeout=args.timeout, wait=args.wait).exit_code
     if cmd is not None:
         raise UsageError(f"'{args.command}' takes no command after --")
-    return {**COMMANDS, **agent_cmds.COMMANDS}[args.command](args)
+    return {**COMMANDS, **agent_cmds.COMMANDS, **ui_cmd.COMMANDS}[args.command](args)
 
 
 def _grants(args):

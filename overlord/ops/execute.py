@@ -26,6 +26,14 @@ from overlord.ops.review import _recover_stale, get_session
 launcher = None
 
 
+def use_launcher(client):
+    """Route run/exec_in through `client` from now on, and pin the backend probes it made in
+    the helper (probing clones too). Call once, before the face starts its threads' work."""
+    global launcher
+    backends.pin(client.probe_all())
+    launcher = client
+
+
 # -- run ----------------------------------------------------------------------------------------
 
 @dataclasses.dataclass

@@ -1,0 +1,331 @@
+"""Conversations: one conversation is one agent session. The first message opens it
+(ops.agent), each later one resumes it (ops.resume); either runs in a thread of its own while
+the page follows along over server-sent events.
+
+A Channel is the live side of one conversation: the run in progress (if any) and what it has
+said since it started -- transcript events as they are recorded (each with its index in the
+transcript), streamed text deltas, and the run's end. A page that connects gets a snapshot
+(the transcript as recorded, plus the text streamed so far in the turn under way) and then the
+live events from that point, so a reload or a server restart rebuilds the conversation exactly
+from its transcript. Rewind, fork, commit and discard reset the channel, and every open page
+takes a fresh snapshot.
+"""
+import threading
+import time
+
+from overlord import ops
+from overlord.agent.cancel import Cancelled
+from overlord.errors import NotFound, OverlordError, UsageError
+from overlord.web import launcher, settings as S
+from overlord.web.stop import Stop
+
+AUDIT = "/audit"
+OUTPUT_CHARS = 16000          # a tool's output as the page shows it (the transcript keeps all)
+HEARTBEAT = 15.0              # seconds between keep-alive comments on an idle stream
+START_WAIT = 120.0            # how long a POST waits for the session to open
+
+
+class Channel:
+    def __init__(self, sid):
+        self.sid = sid
+        self.cond = threading.Condition()
+        self.events = []          # [(name, data)] since `offset`
+        self.offset = 0           # how many earlier events were dropped (positions are absolute)
+        self.run = None           # the Stop of the run in progress
+        self.partial = {"text": "", "thinking": ""}
+        self.count = 0            # the transcript's length, as far as this run has written it
+        self.last = None          # how the last run here ended
+
+    def push(self, name, data):
+        """With the lock held: publish one event."""
+        self.events.append((name, data))
+        self.cond.notify_all()
+
+    @property
+    def end(self):
+        return self.offset + len(self.events)
+
+    def begin(self, stop, count):
+        """With the lock held: a run starts; drop what earlier runs said (slow readers resync)."""
+        self.offset, self.events = self.end, []
+        self.run, self.count, self.last = stop, count, None
+        self.partial = {"text": "", "thinking": ""}
+        self.push("state", {"running": True})
+
+
+class Chats:
+    def __init__(self, store):
+        self.settings = store
+        self.channels = {}
+        self._lock = threading.Lock()
+
+    def channel(self, sid):
+        with self._lock:
+            if sid not in self.channels:
+                self.channels[sid] = Channel(sid)
+            return self.channels[sid]
+
+    def running(self, sid):
+        ch = self.channels.get(sid)
+        return ch is not None and ch.run is not None
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def listing(self):
+        out = [self.summary(m) for m in ops.sessions() if m.get("agent")]
+        return sorted(out, key=lambda c: c["created"] or 0, reverse=True)
+
+    def summary(self, meta):
+        agent = meta.get("agent") or {}
+        endpoint = agent.get("endpoint") or {}
+        title = meta.get("command") or ""
+        title = title[len("agent: "):] if title.startswith("agent: ") else title
+        ch = self.channels.get(meta["sid"])
+        return {"sid": meta["sid"], "title": title or "(untitled)", "state": meta.get("state"),
+                "created": meta.get("created"), "target": meta.get("target"),
+                "provider": endpoint.get("provider"), "model": agent.get("model"),
+                "audit": bool(agent.get("audit")), "grants": meta.get("grants"),
+                "running": bool(ch and ch.run), "last": ch.last if ch else None}
+
+    def detail(self, sid):
+        session = _chat_session(sid)
+        ch = self.channel(sid)
+        with ch.cond:
+            records = ops.transcript(sid)
+            partial = dict(ch.partial) if ch.run else None
+        return {"chat": self.summary(session.meta), "records": views(records), "partial": partial}
+
+    # -- starting, continuing, stopping ---------------------------------------------------------
+
+    def start(self, body):
+        message = _message(body)
+        audit = message == AUDIT or message.startswith(AUDIT + " ")
+        task = message[len(AUDIT):].strip() if audit else message
+        cfg = self.settings.load()
+        provider = body.get("provider") or cfg["provider"]
+        if provider not in S.PROVIDERS:
+            raise S.Invalid("provider", f"provider must be one of {', '.join(S.PROVIDERS)}")
+        prof = cfg["profiles"][provider]
+        model = body.get("model") or prof["model"] or None
+        if model is not None and (not isinstance(model, str) or len(model) > 200):
+            raise S.Invalid("model", "model must be a model id")
+        folder = S.check_folder(body.get("folder") or cfg["folder"])
+        sandbox = cfg["sandbox"]
+        stop = Stop()
+        opened = threading.Event()          # set by the first transcript event, or the end
+        box = {"started": opened}
+
+        def on_open(sid):
+            ch = self.channel(sid)
+            with ch.cond:
+                ch.begin(stop, 0)
+            box["channel"] = ch
+
+        def work():
+            with launcher.opening(on_open):
+                self._drive(box, stop, lambda on_event, on_delta: ops.agent(
+                    task, target=folder, provider=provider, model=model,
+                    base_url=prof["base_url"] or None, headers=prof["headers"] or None,
+                    knobs=prof["knobs"], system=prof["system"] or None, jail=sandbox["jail"],
+                    net=sandbox["net"], audit=audit, on_event=on_event, on_delta=on_delta,
+                    cancel=stop))
+            opened.set()
+        threading.Thread(target=work, name="overlord-chat", daemon=True).start()
+        opened.wait(START_WAIT)
+        if box.get("error") and not box.get("recorded"):
+            raise box["error"]
+        if "channel" not in box:
+            raise OverlordError("the session did not open in time")
+        return {"sid": box["channel"].sid}
+
+    def message(self, sid, body):
+        note = _message(body)
+        if note == AUDIT or note.startswith(AUDIT + " "):
+            raise UsageError("/audit starts a new conversation; this one is already under way")
+        _chat_session(sid)
+        ch = self.channel(sid)
+        stop = Stop()
+        with ch.cond:
+            if ch.run is not None:
+                raise OverlordError("the agent is still working in this conversation: wait for it "
+                                    "or press Stop", http_status=409)
+            ch.begin(stop, len(ops.transcript(sid)))
+        started = threading.Event()
+        box = {"channel": ch, "started": started}
+
+        def work():
+            self._drive(box, stop, lambda on_event, on_delta: ops.resume(
+                sid, note, on_event=on_event, on_delta=on_delta, cancel=stop))
+            started.set()
+        threading.Thread(target=work, name="overlord-chat", daemon=True).start()
+        started.wait(START_WAIT)
+        if "error" in box and not box.get("recorded"):
+            raise box["error"]
+        return {"sid": sid}
+
+    def cancel(self, sid):
+        ch = self.channels.get(sid)
+        stop = ch.run if ch else None
+        if stop is None:
+            return {"stopping": False}
+        stop.set()
+        return {"stopping": True}
+
+    def _drive(self, box, stop, call):
+        """Run the agent (call(on_event, on_delta)) and publish what it does."""
+        def on_event(event):
+            ch = box["channel"]
+            box["recorded"] = True
+            if "started" in box:
+                box["started"].set()
+            with ch.cond:
+                index, ch.count = ch.count, ch.count + 1
+                if event.get("type") == "assistant":
+                    ch.partial = {"text": "", "thinking": ""}
+                view = view_of(event, index)
+                if view is not None:
+                    ch.push("record", view)
+                else:
+                    ch.cond.notify_all()
+
+        def on_delta(kind, text):
+            if stop.is_set():
+                raise Cancelled()
+            ch = box["channel"]
+            with ch.cond:
+                if kind == "restart":
+                    ch.partial = {"text": "", "thinking": ""}
+                    ch.push("restart", {})
+                elif kind in ch.partial:
+                    ch.partial[kind] += text
+                    ch.push("delta", {"kind": kind, "text": text})
+        result, error = None, None
+        try:
+            result = call(on_event, on_delta)
+        except OverlordError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - a run's failure is shown, never a dead thread
+            error = OverlordError(f"internal error: {type(exc).__name__}: {exc}", http_status=500)
+        box["error"] = error
+        ch = box.get("channel")
+        if ch is None:
+            return
+        with ch.cond:
+            ch.run = None
+            if result is not None:
+                ch.last = {"reason": result.reason, "message": result.message, "turns": result.turns,
+                           "usage": result.usage}
+            else:
+                ch.last = {"reason": "error", "message": str(error)}
+            ch.push("state", {"running": False, **ch.last, "at": time.time()})
+
+    def reset(self, sid):
+        """The session's record changed under the channel (rewind, fork, commit, discard)."""
+        ch = self.channels.get(sid)
+        if ch is not None:
+            with ch.cond:
+                ch.push("reset", {})
+
+    # -- the live stream --------------------------------------------------------------------------
+
+    def stream(self, sid, alive=lambda: True):
+        """(name, data) pairs for one page: a snapshot, then live events; ("ping", None) when
+        idle. Resynchronises (a fresh snapshot) after a reset or when it fell behind."""
+        _chat_session(sid)
+        ch = self.channel(sid)
+        while alive():
+            with ch.cond:
+                records = ops.transcript(sid)
+                seen, pos = len(records), ch.end
+                running = ch.run is not None
+                partial = dict(ch.partial) if running else None
+                last = ch.last
+            meta = ops.get_session(sid).meta
+            yield "snapshot", {"chat": self.summary(meta), "records": views(records),
+                               "running": running, "partial": partial, "last": last}
+            resync = False
+            while not resync and alive():
+                with ch.cond:
+                    if pos < ch.offset:
+                        resync = True
+                        break
+                    if pos >= ch.end:
+                        ch.cond.wait(HEARTBEAT)
+                    batch = ch.events[pos - ch.offset:]
+                    pos = ch.end
+                if not batch:
+                    yield "ping", None
+                for name, data in batch:
+                    if name == "reset":
+                        resync = True
+                        break
+                    if name == "record" and data["i"] < seen:
+                        continue          # already in the snapshot
+                    yield name, data
+
+
+def _chat_session(sid):
+    session = ops.get_session(sid)
+    if not session.meta.get("agent"):
+        raise NotFound(f"session {sid} is not a conversation (it was not opened by the agent)")
+    return session
+
+
+def _message(body):
+    text = body.get("message")
+    if not isinstance(text, str) or not text.strip():
+        raise S.Invalid("message", "write a message first")
+    if len(text) > 100_000:
+        raise S.Invalid("message", "a message is at most 100,000 characters")
+    return text.strip()
+
+
+# -- what the page sees of a transcript event -----------------------------------------------------
+
+def views(records):
+    out = []
+    for i, event in enumerate(records):
+        view = view_of(event, i)
+        if view is not None:
+            out.append(view)
+    return out
+
+
+def view_of(event, index):
+    """A transcript event as the page renders it (None: nothing to show)."""
+    kind = event.get("type")
+    if kind in ("system", "request"):
+        return None
+    view = {"i": index, "type": kind, "at": event.get("at")}
+    if kind == "task":
+        view.update(text=event.get("text"), audit=bool(event.get("audit")))
+    elif kind == "resume":
+        view.update(note=event.get("note"))
+    elif kind == "assistant":
+        msg = event.get("message") or {}
+        view.update(turn=event.get("turn"), text=msg.get("text") or "",
+                    calls=[{"id": c.get("id"), "name": c.get("name")} for c in msg.get("tool_calls") or []],
+                    stop_reason=event.get("stop_reason"), model=event.get("model"),
+                    thinking=event.get("thinking"), usage=event.get("usage"))
+    elif kind == "tool_call":
+        view.update({k: event.get(k) for k in ("turn", "call", "tool", "summary", "refused")})
+        view["input"] = _short_input(event.get("input"))
+    elif kind == "tool_result":
+        result = event.get("result") or {}
+        content = result.get("content") or ""
+        if not isinstance(content, str):
+            content = str(content)
+        view.update({k: event.get(k) for k in ("turn", "call", "tool", "exit_code", "layer", "paths",
+                                               "truncated", "timed_out", "cancelled", "ms", "not_run")})
+        view.update(output=content[:OUTPUT_CHARS], clipped=len(content) > OUTPUT_CHARS,
+                    is_error=bool(result.get("is_error")))
+    else:
+        view.update({k: v for k, v in event.items() if k not in ("message", "results", "type", "at")})
+    return view
+
+
+def _short_input(value):
+    """A tool call's input for its card: long strings cut (the transcript keeps them whole)."""
+    if not isinstance(value, dict):
+        return value
+    return {k: (v[:4000] + "\u2026" if isinstance(v, str) and len(v) > 4000 else v) for k, v in value.items()}

@@ -1,0 +1,156 @@
+"""Per-file unified diffs of a session's change, as data the pages render.
+
+The change itself is ops.diff (the plan commit will execute); this only reads the two sides of
+each changed path -- the real file and the session's version of it -- and compares them. Nothing
+is followed through a symlink (a link is shown as its text), binary files and large files are
+summarized rather than compared, and a long diff is cut with a note saying how much was left out.
+"""
+import difflib
+import os
+import stat
+
+MAX_BYTES = 512 << 10          # a side larger than this is summarized, not compared
+MAX_LINES = 2000               # diff lines per file, at most
+CONTEXT = 3
+
+
+def file_diff(target, change):
+    """{path, kind, layer, summary, binary, large, hunks: [{header, lines: [[tag, text]]}],
+    added, removed, truncated} for one ops.diff Change."""
+    out = {"path": change.path, "kind": change.kind, "layer": change.layer, "summary": None,
+           "binary": False, "large": False, "hunks": [], "added": 0, "removed": 0,
+           "truncated": False}
+    entry = change.entry
+    new_kind = entry.kind if entry.kind not in ("whiteout", "invalid") else None
+    old_st = change.real
+    old_kind = _kind(old_st)
+    if change.kind == "invalid-whiteout":
+        out["summary"] = "an invalid whiteout: commit will refuse it"
+        return out
+    if new_kind == "dir" or (new_kind is None and old_kind == "dir"):
+        out["summary"] = {"added": "directory added", "deleted": "directory deleted",
+                          "replaced-dir": "directory replaced: its old contents go",
+                          "modified": "directory metadata changed"}.get(change.kind, "directory")
+        return out
+    if "symlink" in (new_kind, old_kind):
+        old = _link(os.path.join(target, change.path)) if old_kind == "symlink" else None
+        new = _link(entry.src) if new_kind == "symlink" else None
+        out["summary"] = " ".join(x for x in (
+            f"symlink -> {old}" if old is not None else None, "becomes" if old is not None and new is not None else None,
+            f"symlink -> {new}" if new is not None else None) if x)
+        if old_kind not in (None, "symlink") or new_kind not in (None, "symlink"):
+            out["summary"] += f" (was a {old_kind or 'nothing'}, now a {new_kind or 'nothing'})"
+        return out
+    if "other" in (new_kind, old_kind):
+        out["summary"] = "a special file (device, fifo or socket)"
+        return out
+    old = _read(os.path.join(target, change.path), old_st) if old_kind == "file" else b""
+    new = _read(entry.src, entry.st) if new_kind == "file" else b""
+    if old is None or new is None:
+        out["summary"] = "unreadable"
+        return out
+    if isinstance(old, int) or isinstance(new, int):
+        out["large"] = True
+        out["summary"] = f"large file: {_size(old)} -> {_size(new)}"
+        return out
+    old_text, new_text = _text(old), _text(new)
+    if old_text is None or new_text is None:
+        out["binary"] = True
+        out["summary"] = f"binary file: {_size(len(old))} -> {_size(len(new))}"
+        return out
+    if old_text == new_text:
+        out["summary"] = "metadata only (mode or owner)" if change.kind == "modified" else \
+            ("empty file" if not new_text else None)
+        return out
+    _hunks(out, old_text.splitlines(), new_text.splitlines())
+    return out
+
+
+def _hunks(out, a, b):
+    budget = MAX_LINES
+    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(CONTEXT):
+        first, last = group[0], group[-1]
+        header = (f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@")
+        lines = []
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                lines += [[" ", t] for t in a[i1:i2]]
+                continue
+            if tag in ("replace", "delete"):
+                lines += [["-", t] for t in a[i1:i2]]
+                out["removed"] += i2 - i1
+            if tag in ("replace", "insert"):
+                lines += [["+", t] for t in b[j1:j2]]
+                out["added"] += j2 - j1
+        if budget <= 0:
+            out["truncated"] = True
+            continue
+        if len(lines) > budget:
+            lines = lines[:budget]
+            out["truncated"] = True
+        budget -= len(lines)
+        out["hunks"].append({"header": header, "lines": lines})
+
+
+def _range(start, stop):
+    length = stop - start
+    if length == 1:
+        return f"{start + 1}"
+    return f"{start + 1 if length else start},{length}"
+
+
+def _kind(st):
+    if st is None:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    if stat.S_ISLNK(st.st_mode):
+        return "symlink"
+    return "other"
+
+
+def _read(path, st):
+    """The file's bytes; its size (an int) when too large to compare; None if unreadable."""
+    if st is not None and st.st_size > MAX_BYTES:
+        return st.st_size
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return len(data) if len(data) > MAX_BYTES else data
+
+
+def _link(path):
+    try:
+        return os.fsdecode(os.readlink(path))
+    except OSError:
+        return "?"
+
+
+def _text(data):
+    if b"\0" in data[:8192]:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _size(n):
+    if not isinstance(n, int):
+        n = len(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"

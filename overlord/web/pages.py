@@ -1,0 +1,77 @@
+"""The pages and their assets: real files in static/, read once at start-up.
+
+Templates are HTML files with `{{name}}` slots (filled with escaped text), `{{{name}}}` slots
+(filled with HTML this module built from another template) and `{{asset:NAME}}` (the asset's
+URL with its content hash, so a browser may cache it for good). Every page gets a fresh CSP
+nonce in `{{nonce}}`; nothing inline runs without it, and nothing inline is styled.
+"""
+import hashlib
+import html
+import os
+import re
+import time
+
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+         ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png",
+         ".ico": "image/x-icon"}
+SLOT = re.compile(r"\{\{\{(\w+)\}\}\}|\{\{(asset:[\w.-]+|\w+)\}\}")
+TEMPLATES = ("workspace.html", "console.html", "register-row.html", "unauthorized.html")
+
+
+class Asset:
+    def __init__(self, name, data):
+        self.name, self.data = name, data
+        self.type = TYPES.get(os.path.splitext(name)[1], "application/octet-stream")
+        self.version = hashlib.sha256(data).hexdigest()[:12]
+
+    @property
+    def url(self):
+        return f"/static/{self.name}?v={self.version}"
+
+
+class Pages:
+    def __init__(self, directory=STATIC):
+        self.assets, self.templates = {}, {}
+        for name in sorted(os.listdir(directory)):
+            full = os.path.join(directory, name)
+            if not os.path.isfile(full) or name.startswith("."):
+                continue
+            with open(full, "rb") as f:
+                data = f.read()
+            if name in TEMPLATES:
+                self.templates[name] = data.decode("utf-8")
+            else:
+                self.assets[name] = Asset(name, data)
+
+    def asset(self, name):
+        """The asset called exactly `name` (a flat name from the list read at start-up), or None."""
+        return self.assets.get(name)
+
+    def render(self, template, nonce, **slots):
+        def fill(m):
+            raw, name = m.group(1), m.group(2)
+            if raw:
+                return slots[raw]
+            if name.startswith("asset:"):
+                return html.escape(self.assets[name[6:]].url)
+            if name == "nonce":
+                return nonce
+            return html.escape(str(slots.get(name, "")))
+        return SLOT.sub(fill, self.templates[template])
+
+    def register_rows(self, rows):
+        """The console's register, rendered on the server for the first paint."""
+        out = []
+        for r in rows:
+            out.append(self.render("register-row.html", "", sid=r["sid"], state=r["state"] or "?",
+                                   when=_when(r.get("created")), what=r.get("command") or "-",
+                                   target=r.get("target") or "", layers=r.get("layers", 0),
+                                   kind="chat" if r.get("chat") else "command"))
+        return "".join(out)
+
+
+def _when(stamp):
+    if not stamp:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))

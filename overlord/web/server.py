@@ -1,0 +1,412 @@
+"""`overlord ui`: a threaded http.server on 127.0.0.1, HTTP/1.1 keep-alive.
+
+One handler class dispatches every request through the same sequence, top to bottom:
+Host (421) -> path (400) -> /healthz -> ?token= exchange (303) -> token (401) -> origin (403)
+-> body (411/413/400) -> route (404/405) -> the page, the asset or the API call, whose errors
+become JSON with their status (never a 500 for a client's mistake).
+
+The server calls overlord.ops in-process. Before its first thread it forks the launcher
+(launcher.py), which performs every session open and command for it: namespaces never come
+from this multithreaded process.
+"""
+import http.server
+import itertools
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import traceback
+import urllib.parse
+
+from overlord import ops
+from overlord.errors import OverlordError, UsageError
+from overlord.ops import execute
+from overlord.web import api, launcher, pages, security
+from overlord.web import settings as S
+from overlord.web.chats import Chats
+
+MAX_BODY = 1 << 20
+SID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+S_ID = object()               # a route segment that is a session id
+
+ROUTES = {
+    ("GET", ("",)): "workspace",
+    ("GET", ("console",)): "console",
+    ("GET", ("api", "sessions")): api.sessions,
+    ("GET", ("api", "session", S_ID)): api.session,
+    ("POST", ("api", "session", S_ID, "commit")): api.commit,
+    ("POST", ("api", "session", S_ID, "rollback")): api.rollback,
+    ("POST", ("api", "session", S_ID, "rewind")): api.rewind,
+    ("POST", ("api", "session", S_ID, "fork")): api.fork,
+    ("GET", ("api", "blame")): api.blame,
+    ("GET", ("api", "chats")): api.chats,
+    ("POST", ("api", "chats")): api.start_chat,
+    ("GET", ("api", "chats", S_ID)): api.chat,
+    ("POST", ("api", "chats", S_ID, "message")): api.chat_message,
+    ("POST", ("api", "chats", S_ID, "cancel")): api.chat_cancel,
+    ("GET", ("api", "chats", S_ID, "events")): "events",
+    ("GET", ("api", "settings")): api.get_settings,
+    ("PUT", ("api", "settings")): api.put_settings,
+    ("GET", ("api", "models")): api.models,
+}
+
+
+class HTTPError(Exception):
+    def __init__(self, status, message, **extra):
+        super().__init__(message)
+        self.status, self.extra = status, extra
+
+
+class Request:
+    def __init__(self, method, segments, query, body, principal):
+        self.method, self.segments, self.query = method, segments, query
+        self.body, self.principal = body, principal
+
+
+class App:
+    """What every request shares: the guard, the settings, the conversations, the pages."""
+
+    def __init__(self, guard, store, backends, static=pages.STATIC):
+        self.guard, self.settings, self.backends = guard, store, backends
+        self.chats = Chats(store)
+        self.pages = pages.Pages(static)
+        self.closing = threading.Event()
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+    allow_reuse_address = True
+
+    def __init__(self, address, app):
+        self.app = app
+        super().__init__(address, Handler)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "overlord-ui"
+    sys_version = ""
+    timeout = 30                   # an idle keep-alive connection or a stalled client
+
+    @property
+    def app(self):
+        return self.server.app
+
+    def version_string(self):
+        return self.server_version
+
+    def log_message(self, fmt, *args):
+        if os.environ.get("OVERLORD_UI_LOG"):
+            sys.stderr.write("%s - %s\n" % (self.address_string(), fmt % args))
+
+    def do_GET(self):
+        self.serve()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET
+
+    # -- the sequence -----------------------------------------------------------------------
+
+    def serve(self):
+        try:
+            self.respond(self.route())
+        except HTTPError as exc:
+            self.send_json(exc.status, {"error": str(exc), **exc.extra})
+        except S.Invalid as exc:
+            self.send_json(400, {"error": str(exc), "field": exc.field})
+        except OverlordError as exc:
+            body = {"error": str(exc)}
+            drifts = api.drift_words(exc)
+            if drifts:
+                body["drifts"] = drifts
+            self.send_json(exc.http_status, body)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except Exception:  # noqa: BLE001 - a bug is logged and answered, never a dropped socket
+            traceback.print_exc()
+            self.send_json(500, {"error": "internal error (the server's log has the details)"})
+
+    def route(self):
+        guard = self.app.guard
+        if not guard.host_ok(self.headers):
+            raise HTTPError(421, "this server answers only to " + guard.origin)
+        segments, query = self.parse_target()
+        if self.command == "GET" and segments == ("healthz",):
+            return 200, {"ok": True}
+        if "token" in query:
+            return self.exchange(segments, query)
+        if segments[0] == "static" and len(segments) == 2 and self.command == "GET":
+            return self.static(segments[1], query)     # the package's own files: no secret
+        api_call = segments[0] == "api"
+        principal = guard.principal(self.headers)
+        if principal is None:
+            self.close_if_body()
+            if api_call or self.command != "GET":
+                raise HTTPError(401, "open the link `overlord ui` printed, or send "
+                                     "Authorization: Bearer <the token in ui.token>")
+            return self.page(401, "unauthorized.html")
+        why = guard.cross_origin(self.command, self.headers, principal, api_call)
+        if why:
+            self.close_if_body()
+            raise HTTPError(403, why)
+        handler, sid = self.find(segments)
+        body = self.read_body()
+        if handler == "workspace":
+            return self.page(200, "workspace.html")
+        if handler == "console":
+            rows = [api.session_row(m, self.app) for m in ops.sessions()]
+            return self.page(200, "console.html", register=self.app.pages.register_rows(rows),
+                             count=len(rows))
+        req = Request(self.command, segments, query, body, principal)
+        if handler == "events":
+            return Stream(self.app.chats.stream(sid, alive=lambda: not self.app.closing.is_set()))
+        return 200, handler(self.app, req, sid) if sid else handler(self.app, req)
+
+    def parse_target(self):
+        """(decoded path segments, {query name: first value}). Dot segments and encoded
+        slashes are refused outright, whichever way they are spelled."""
+        raw = self.path
+        if not raw.startswith("/") or raw.startswith("//"):
+            raise HTTPError(400, "the request target must be a path")
+        path, _, qs = raw.partition("?")
+        path = path.split("#", 1)[0]
+        segments = []
+        for seg in path[1:].split("/"):
+            try:
+                seg = urllib.parse.unquote(seg, errors="strict")
+            except UnicodeDecodeError:
+                raise HTTPError(400, "the path is not UTF-8") from None
+            if seg in (".", "..") or "/" in seg or "\\" in seg or "\0" in seg:
+                raise HTTPError(400, "bad path: dot segments and encoded slashes are refused")
+            segments.append(seg)
+        try:
+            pairs = urllib.parse.parse_qsl(qs, keep_blank_values=True, strict_parsing=False,
+                                           errors="strict", max_num_fields=50)
+        except (ValueError, UnicodeDecodeError):
+            raise HTTPError(400, "bad query string") from None
+        query = {}
+        for k, v in pairs:
+            query.setdefault(k, v)
+        return tuple(segments), query
+
+    def find(self, segments):
+        allowed, sid = [], None
+        for (method, pattern), handler in ROUTES.items():
+            if len(pattern) != len(segments):
+                continue
+            got = None
+            for want, seg in zip(pattern, segments):
+                if want is S_ID:
+                    got = seg
+                elif want != seg:
+                    break
+            else:
+                if got is not None and not SID.match(got):
+                    raise HTTPError(400, f"not a session id: {got[:40]!r} "
+                                         "(expected YYYYMMDD-HHMMSS-xxxxxx)")
+                if method == self.command:
+                    return handler, got
+                allowed.append(method)
+        if allowed:
+            self.close_if_body()
+            raise HTTPError(405, f"{self.command} is not allowed here", allow=sorted(set(allowed)))
+        raise HTTPError(404, "no such page or API route")
+
+    def exchange(self, segments, query):
+        """?token=T: set the cookie and send the browser to the same URL without the token."""
+        if self.command != "GET" or not self.app.guard.token_ok(query["token"]):
+            self.close_if_body()
+            raise HTTPError(401, "that token is not this server's launch token")
+        rest = urllib.parse.urlencode([(k, v) for k, v in query.items() if k != "token"])
+        location = "/" + "/".join(urllib.parse.quote(s) for s in segments) + (f"?{rest}" if rest else "")
+        return Redirect(location, self.app.guard.set_cookie())
+
+    def close_if_body(self):
+        if self.headers.get("Content-Length", "0") not in ("", "0") or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+
+    def read_body(self):
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise HTTPError(411, "send the body with a Content-Length")
+        length = self.headers.get("Content-Length")
+        if not length:
+            return None
+        if not length.isdigit():
+            self.close_connection = True
+            raise HTTPError(400, "bad Content-Length")
+        n = int(length)
+        if n > MAX_BODY:
+            self.close_connection = True
+            raise HTTPError(413, f"the body is over {MAX_BODY >> 10} KiB")
+        data = self.rfile.read(n)
+        if len(data) != n:
+            self.close_connection = True
+            raise HTTPError(400, "the body ended early")
+        if not data.strip():
+            return None
+        try:
+            body = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise HTTPError(400, "the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise HTTPError(400, "the body must be a JSON object")
+        return body
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def page(self, status, template, **slots):
+        nonce = security.nonce()
+        return Page(status, self.app.pages.render(template, nonce, **slots).encode(), nonce)
+
+    def static(self, name, query):
+        asset = self.app.pages.asset(name)
+        if asset is None:
+            raise HTTPError(404, "no such asset")
+        fixed = query.get("v") == asset.version
+        return Blob(asset.data, asset.type, "public, max-age=31536000, immutable" if fixed else "no-store")
+
+    def respond(self, answer):
+        if isinstance(answer, Stream):
+            return self.send_stream(answer)
+        if isinstance(answer, Redirect):
+            self.start(303, [("Location", answer.location), ("Set-Cookie", answer.cookie)])
+            self.finish_body(b"", "text/plain; charset=utf-8")
+            return
+        if isinstance(answer, Page):
+            self.start(answer.status, [], answer.nonce)
+            self.finish_body(answer.data, "text/html; charset=utf-8")
+            return
+        if isinstance(answer, Blob):
+            self.start(200, [], cache=answer.cache)
+            self.finish_body(answer.data, answer.type)
+            return
+        status, data = answer
+        self.send_json(status, data)
+
+    def send_json(self, status, data):
+        extra = []
+        if isinstance(data, dict) and "allow" in data:
+            extra.append(("Allow", ", ".join(data.pop("allow"))))
+        self.start(status, extra)
+        self.finish_body(json.dumps(data, ensure_ascii=False).encode(), "application/json; charset=utf-8")
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (a bad request line, headers too long), as JSON."""
+        self.close_connection = True
+        try:
+            self.start(code, [])
+            self.finish_body(json.dumps({"error": message or "bad request"}).encode(),
+                             "application/json; charset=utf-8")
+        except OSError:
+            pass
+
+    def start(self, status, extra, nonce=None, cache="no-store"):
+        self.send_response(status)
+        for name, value in security.headers(nonce) + extra:
+            self.send_header(name, value)
+        self.send_header("Cache-Control", cache)
+
+    def finish_body(self, data, ctype):
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_stream(self, stream):
+        """Server-sent events until the page goes away (or the server stops). The first event
+        is made before anything is sent, so a refusal is still an ordinary JSON error."""
+        events = stream.events
+        first = next(events)
+        self.close_connection = True
+        self.start(200, [("X-Accel-Buffering", "no"), ("Connection", "close")])
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.end_headers()
+        self.wfile.write(b"retry: 1000\n\n")
+        try:
+            for name, data in itertools.chain([first], events):
+                if name == "ping":
+                    self.wfile.write(b": ping\n\n")
+                else:
+                    text = json.dumps(data, ensure_ascii=False)
+                    self.wfile.write(f"event: {name}\ndata: {text}\n\n".encode())
+                self.wfile.flush()
+        except (OSError, ValueError):
+            pass                      # the page went away
+        except Exception:  # noqa: BLE001 - the headers are gone: log it and end the stream
+            traceback.print_exc()
+        finally:
+            events.close()
+
+
+class Stream:
+    def __init__(self, events):
+        self.events = events
+
+
+class Redirect:
+    def __init__(self, location, cookie):
+        self.location, self.cookie = location, cookie
+
+
+class Page:
+    def __init__(self, status, data, nonce):
+        self.status, self.data, self.nonce = status, data, nonce
+
+
+class Blob:
+    def __init__(self, data, ctype, cache):
+        self.data, self.type, self.cache = data, ctype, cache
+
+
+# -- start-up ------------------------------------------------------------------------------------
+
+def serve(port=7777, host="127.0.0.1", folder=None, out=None):
+    """Fork the launcher, bind, print the launch link, serve until interrupted."""
+    out = out or sys.stdout
+    if host not in ("127.0.0.1",):
+        raise UsageError("overlord ui binds 127.0.0.1 only")
+    if not 0 <= port <= 65535:
+        raise UsageError("--port takes a number from 0 to 65535")
+    client = launcher.start()              # before any thread exists
+    httpd = None
+    try:
+        execute.use_launcher(client)
+        home = S.home()
+        token = security.load_token(home)
+        store = S.Settings(S.check_folder(folder) if folder else os.getcwd())
+        backends = {name: {"available": ok, "reason": why} for name, (ok, why) in
+                    ops.doctor().backends.items()}
+        try:
+            httpd = Server((host, port), None)
+        except OSError as exc:
+            raise OverlordError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        bound = httpd.server_address[1]
+        httpd.app = App(security.Guard(token, host, bound), store, backends)
+        print(f"overlord ui: http://{host}:{bound}/?token={token}", file=out, flush=True)
+        print("  the workspace is /, the console /console; Ctrl-C stops the server", file=out, flush=True)
+
+        if os.environ.get("OVERLORD_UI_LOG"):
+            import faulthandler
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            httpd.serve_forever(poll_interval=0.5)
+        except KeyboardInterrupt:
+            pass
+        return 0
+    finally:
+        if httpd is not None:
+            if getattr(httpd, "app", None):
+                httpd.app.closing.set()
+            httpd.server_close()
+        execute.launcher = None
+        client.close()

@@ -1,0 +1,283 @@
+"""The workspace's settings: which provider new conversations use, one profile per provider
+(model, endpoint, extra headers, generation knobs), the working folder and the sandbox grants.
+
+Kept in OVERLORD_HOME/ui-settings.json, mode 0600 (a gateway header may be a credential).
+API keys are not kept here: they go to the key store through ops.keys_set and are never sent
+back. Header values that look like credentials are sent back masked; a masked value written
+back keeps the stored one. Every value is checked before anything is stored, and a refusal
+names the field it is about, so the page can show it next to that field.
+"""
+import json
+import os
+import re
+import threading
+import urllib.parse
+
+from overlord.errors import UsageError
+from overlord.txn import store
+
+PROVIDERS = ("anthropic", "openai", "azure", "openai-compatible", "gemini")
+LABELS = {"anthropic": "Anthropic", "openai": "OpenAI", "azure": "Azure OpenAI",
+          "openai-compatible": "OpenAI-compatible", "gemini": "Gemini"}
+MASK = "\u2022" * 8
+SECRET_HINTS = ("auth", "key", "token", "secret", "cookie")
+HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
+CHOICES = {"effort": ("low", "medium", "high", "xhigh", "max"), "thinking": ("summarized", "off"),
+           "api": ("responses", "chat")}
+NETS = ("none", "host")
+
+
+class Invalid(UsageError):
+    """A value refused, with the field it belongs to."""
+
+    def __init__(self, field, message):
+        super().__init__(message)
+        self.field = field
+
+
+def home():
+    """OVERLORD_HOME, made if missing (the token and these settings live there)."""
+    store.ensure_home()
+    return store.home()
+
+
+def path():
+    return os.path.join(store.home(), "ui-settings.json")
+
+
+def defaults(folder):
+    return {"provider": "anthropic", "profiles": {p: empty_profile() for p in PROVIDERS},
+            "folder": folder, "sandbox": {"jail": True, "net": "none"}}
+
+
+def empty_profile():
+    return {"model": "", "base_url": "", "headers": {}, "knobs": {}, "system": ""}
+
+
+class Settings:
+    """The stored settings, read and changed under one lock."""
+
+    def __init__(self, default_folder):
+        self.default_folder = default_folder
+        self._lock = threading.Lock()
+
+    def load(self):
+        data = defaults(self.default_folder)
+        try:
+            with open(path(), encoding="utf-8") as f:
+                stored = json.load(f)
+        except (FileNotFoundError, ValueError):
+            return data
+        if isinstance(stored, dict):
+            if stored.get("provider") in PROVIDERS:
+                data["provider"] = stored["provider"]
+            for name, prof in (stored.get("profiles") or {}).items():
+                if name in PROVIDERS and isinstance(prof, dict):
+                    data["profiles"][name].update({k: v for k, v in prof.items() if k in empty_profile()})
+            if isinstance(stored.get("folder"), str) and stored["folder"]:
+                data["folder"] = stored["folder"]
+            if isinstance(stored.get("sandbox"), dict):
+                data["sandbox"].update(stored["sandbox"])
+        return data
+
+    def public(self, keys):
+        """The settings as the page sees them: credential header values masked, and where
+        each provider's key comes from (never the key)."""
+        data = self.load()
+        for prof in data["profiles"].values():
+            prof["headers"] = {k: (MASK if secret_header(k) and v else v)
+                               for k, v in prof["headers"].items()}
+        data["keys"] = {p: keys.get(p) for p in PROVIDERS}
+        data["labels"] = LABELS
+        return data
+
+    def update(self, change):
+        """Apply a partial change ({provider, profile, folder, sandbox}); return the key to
+        store, if one was given, as (provider, key) -- the caller stores it."""
+        if not isinstance(change, dict):
+            raise Invalid(None, "settings must be a JSON object")
+        unknown = sorted(set(change) - {"provider", "profile", "folder", "sandbox", "api_key"})
+        if unknown:
+            raise Invalid(unknown[0], f"unknown setting {unknown[0]!r}")
+        with self._lock:
+            data = self.load()
+            provider = change.get("provider", data["provider"])
+            if provider not in PROVIDERS:
+                raise Invalid("provider", f"provider must be one of {', '.join(PROVIDERS)}")
+            data["provider"] = provider
+            if "profile" in change:
+                data["profiles"][provider] = check_profile(change["profile"],
+                                                           data["profiles"][provider], provider)
+            if "folder" in change:
+                data["folder"] = check_folder(change["folder"])
+            if "sandbox" in change:
+                data["sandbox"] = check_sandbox(change["sandbox"])
+            key = change.get("api_key")
+            if key is not None and (not isinstance(key, str) or not key.strip() or
+                                    len(key) > 4096 or any(c.isspace() for c in key.strip())):
+                raise Invalid("api_key", "an API key is one line of text without spaces")
+            _write(data)
+        return (provider, key.strip()) if key else None
+
+    def profile(self, provider):
+        data = self.load()
+        if provider not in PROVIDERS:
+            raise Invalid("provider", f"provider must be one of {', '.join(PROVIDERS)}")
+        return data["profiles"][provider]
+
+
+def secret_header(name):
+    return any(h in name.lower() for h in SECRET_HINTS)
+
+
+def check_profile(prof, old, provider):
+    if not isinstance(prof, dict):
+        raise Invalid("profile", "the profile must be a JSON object")
+    out = dict(old)
+    unknown = sorted(set(prof) - set(empty_profile()))
+    if unknown:
+        raise Invalid(unknown[0], f"unknown profile setting {unknown[0]!r}")
+    if "model" in prof:
+        out["model"] = _text(prof["model"], "model", 200)
+    if "system" in prof:
+        out["system"] = _text(prof["system"], "system", 20000, lines=True)
+    if "base_url" in prof:
+        url = _text(prof["base_url"], "base_url", 2000)
+        if url:
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise Invalid("base_url", "the endpoint must be an http:// or https:// URL")
+        elif provider == "azure":
+            pass      # AZURE_OPENAI_ENDPOINT may supply it; refused at the call otherwise
+        out["base_url"] = url
+    if "headers" in prof:
+        out["headers"] = _headers(prof["headers"], old.get("headers") or {})
+    if "knobs" in prof:
+        out["knobs"] = check_knobs(prof["knobs"])
+    return out
+
+
+def _text(value, field, limit, lines=False):
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise Invalid(field, f"{field} must be text of at most {limit} characters")
+    if not lines and any(c in value for c in "\r\n\0"):
+        raise Invalid(field, f"{field} must be one line")
+    return value.strip()
+
+
+def _headers(value, old):
+    if isinstance(value, str):            # "Name: value" lines, as typed
+        pairs = {}
+        for line in value.splitlines():
+            if not line.strip():
+                continue
+            if ":" not in line:
+                raise Invalid("headers", f"a header is 'Name: value', not {line.strip()[:40]!r}")
+            k, v = line.split(":", 1)
+            pairs[k.strip()] = v.strip()
+        value = pairs
+    if not isinstance(value, dict) or len(value) > 50:
+        raise Invalid("headers", "headers must be at most 50 'Name: value' pairs")
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not HEADER_NAME.match(k):
+            raise Invalid("headers", f"not a header name: {str(k)[:40]!r}")
+        if not isinstance(v, str) or len(v) > 8000 or any(c in v for c in "\r\n\0"):
+            raise Invalid("headers", f"the value of {k} must be one line of text")
+        out[k] = old.get(k, "") if v == MASK else v
+    return out
+
+
+def check_knobs(knobs):
+    """The generation knobs: each sent only when set, so blank means unset."""
+    if not isinstance(knobs, dict):
+        raise Invalid("knobs", "knobs must be a JSON object")
+    out = {}
+    for name, value in knobs.items():
+        if value in (None, ""):
+            continue
+        if name == "max_tokens":
+            out[name] = _number(value, name, int, 1, 1_000_000)
+        elif name == "temperature":
+            out[name] = _number(value, name, float, 0.0, 2.0)
+        elif name == "top_p":
+            out[name] = _number(value, name, float, 0.0, 1.0)
+        elif name in CHOICES:
+            if value not in CHOICES[name]:
+                raise Invalid(name, f"{name} must be one of {', '.join(CHOICES[name])}")
+            out[name] = value
+        elif name == "stop":
+            items = value.splitlines() if isinstance(value, str) else value
+            if not isinstance(items, list) or len(items) > 16 or \
+                    not all(isinstance(s, str) and 0 < len(s) <= 200 for s in items):
+                raise Invalid(name, "stop takes up to 16 sequences, one a line")
+            if items:
+                out[name] = items
+        elif name in ("stream", "fallbacks"):
+            if not isinstance(value, bool):
+                raise Invalid(name, f"{name} is on or off")
+            out[name] = value
+        elif name == "azure_api_version":
+            out[name] = _text(value, name, 40)
+        else:
+            raise Invalid(name, f"unknown generation setting {name!r}")
+    return out
+
+
+def _number(value, field, kind, low, high):
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = kind(value)
+        if kind is int and isinstance(value, float) and value != int(value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise Invalid(field, f"{field} must be a{'n integer' if kind is int else ' number'}") from None
+    if not low <= number <= high:
+        raise Invalid(field, f"{field} must be between {low} and {high}")
+    return number
+
+
+def check_folder(folder):
+    if not isinstance(folder, str) or not folder.strip():
+        raise Invalid("folder", "choose a working folder")
+    folder = os.path.expanduser(folder.strip())
+    if not os.path.isabs(folder):
+        raise Invalid("folder", "the working folder must be an absolute path")
+    if not os.path.isdir(folder):
+        raise Invalid("folder", f"no such folder: {folder}")
+    return os.path.realpath(folder)
+
+
+def check_sandbox(sandbox):
+    if not isinstance(sandbox, dict) or set(sandbox) - {"jail", "net"}:
+        raise Invalid("sandbox", "the sandbox grants are jail (on/off) and net (none/host)")
+    jail, net = sandbox.get("jail", True), sandbox.get("net", "none")
+    if not isinstance(jail, bool):
+        raise Invalid("jail", "the jail is on or off")
+    if net not in NETS:
+        raise Invalid("net", f"network must be one of {', '.join(NETS)}")
+    return {"jail": jail, "net": net}
+
+
+def _write(data):
+    """Atomically, 0600 from the moment the file exists."""
+    store.ensure_home()
+    target = path()
+    tmp = f"{target}.tmp-{os.getpid()}-{threading.get_ident()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, sort_keys=True, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -1,0 +1,318 @@
+/* The console: the register of every session and, for the selected one, its dossier -- the
+   document a person reads before signing: grants, manifest, savepoints, diff, disposition. */
+"use strict";
+
+(() => {
+  const {h, clear, api, kindBadge, fileDiff, causeText, short, stateLabel, SID_RE} = OV;
+  const $ = (id) => document.getElementById(id);
+  const register = $("register"), paper = $("paper"), blame = $("blame");
+  let current = null, dossier = null, openTimer = null;
+
+  /* -- the register ------------------------------------------------------------------------------- */
+  function rows() { return [...register.querySelectorAll(".reg-row")]; }
+
+  function mark(sid) {
+    for (const r of rows()) r.setAttribute("aria-selected", r.dataset.sid === sid ? "true" : "false");
+    const row = register.querySelector(`.reg-row[data-sid="${sid}"]`);
+    if (row) row.scrollIntoView({block: "nearest"});
+  }
+
+  async function reloadRegister() {
+    let list;
+    try { list = (await api("GET", "/api/sessions")).sessions; } catch (e) { return; }
+    clear(register);
+    for (const s of list) {
+      const when = s.created ? new Date(s.created * 1000) : null;
+      const stamp = when ? `${when.getFullYear()}-${String(when.getMonth() + 1).padStart(2, "0")}-${String(when.getDate()).padStart(2, "0")} ${String(when.getHours()).padStart(2, "0")}:${String(when.getMinutes()).padStart(2, "0")}` : "";
+      register.append(h("li", {class: "reg-row", dataset: {sid: s.sid, state: s.state}},
+        h("a", {class: "reg-link", href: `/console#${s.sid}`},
+          h("span", {class: `dot state-${s.state}`, "aria-hidden": "true"}),
+          h("span", {class: "reg-main"},
+            h("span", {class: "reg-what"}, s.command || "-"),
+            h("span", {class: "reg-meta"}, h("span", {class: "mono"}, s.sid), ` \u00b7 ${s.state} \u00b7 ${s.chat ? "chat" : "command"} \u00b7 ${s.layers} savepoints`),
+            h("span", {class: "reg-target mono"}, s.target || "")),
+          h("span", {class: "reg-when"}, stamp))));
+    }
+    $("register-count").textContent = list.length;
+    if (current) mark(current);
+  }
+
+  function move(step) {
+    const all = rows();
+    if (!all.length) return;
+    let i = all.findIndex((r) => r.dataset.sid === current);
+    i = i < 0 ? 0 : Math.min(all.length - 1, Math.max(0, i + step));
+    const sid = all[i].dataset.sid;
+    current = sid;
+    mark(sid);
+    history.replaceState(null, "", `#${sid}`);
+    clearTimeout(openTimer);
+    openTimer = setTimeout(() => show(sid), 120);
+  }
+
+  /* -- the dossier ------------------------------------------------------------------------------- */
+  async function show(sid) {
+    current = sid;
+    mark(sid);
+    let d;
+    try { d = await api("GET", `/api/session/${sid}`); }
+    catch (e) {
+      clear(paper).append(h("p", {class: "note error"}, e.message));
+      return;
+    }
+    if (sid !== current) return;
+    dossier = d;
+    render(d);
+  }
+
+  function section(n, title, ...body) {
+    return h("section", {class: "doc-section"}, h("h3", {}, h("span", {class: "sec-n"}, `${n}.`), title), body);
+  }
+
+  function render(d) {
+    const m = d.meta;
+    const staged = d.staged;
+    clear(paper);
+    paper.append(
+      h("header", {class: "doc-head"},
+        h("h2", {}, m.command || m.sid),
+        h("span", {class: `pill state-${m.state}`}, stateLabel(m.state)),
+        h("span", {class: "doc-sid"}, m.sid)),
+      h("p", {class: "doc-sub"}, `${m.target} \u00b7 ${m.backend} backend \u00b7 opened ${when(m.created)}`,
+        m.forked_from ? ` \u00b7 forked from ${m.forked_from.sid} at @${m.forked_from.at}` : "",
+        d.running ? " \u00b7 the agent is working in it now" : ""),
+      section(1, "Grant envelope", envelope(d)),
+      section(2, "Manifest", manifest(d)),
+      section(3, "Savepoint chain", chain(d)),
+      staged ? section(4, "Per-file diff", d.diffs.length ? d.diffs.map((x, i) => fileDiff(x, `diff-${i}`)) :
+        h("p", {class: "muted"}, "No changes.")) :
+        section(4, "Per-file diff", h("p", {class: "muted"}, m.state === "committed"
+          ? "The change is in the folder now; open a path's blame sheet to see who wrote each line."
+          : "The change was discarded; nothing of it was written.")),
+      section(5, "Countersignature", h("p", {class: "countersign"},
+        "No second-model review was requested for this session. (Countersignatures arrive with reviews.)")),
+      section(6, "Disposition", disposition(d)));
+  }
+
+  function when(stamp) { return stamp ? new Date(stamp * 1000).toLocaleString() : "?"; }
+
+  function envelope(d) {
+    const m = d.meta, g = m.grants || {}, e = m.enforcement || {};
+    const limits = g.limits ? Object.entries(g.limits).filter(([, v]) => v).map(([k, v]) => `${k}=${v}`).join(", ") : "";
+    const items = [
+      ["Backend", m.backend],
+      ["Jail", g.jail ? "pivot_root jail" : "none (the real filesystem, in the transaction)"],
+      ["Network", g.net === "none" ? "none (offline)" : g.net || "host"],
+      ["Timeout", g.timeout ? `${g.timeout} s per command` : "none"],
+      ["Limits", limits || "none granted"],
+      ["Enforced by", [e.rlimits ? "rlimits" : null, e.cgroup ? `cgroup ${e.cgroup}` : null, e.disk_watch ? "disk watch" : null].filter(Boolean).join(", ") || "?"],
+      ["Trace", m.trace || "off"],
+      ["Merge base", m.merge_base ? "kept" : "no"],
+    ];
+    if (d.agent) {
+      items.push(["Model", `${d.agent.model || "?"} (${d.agent.provider || "?"})`]);
+      items.push(["Endpoint", d.agent.endpoint.base_url || "the provider's own"]);
+      if (d.agent.audit) items.push(["Preset", "containment audit"]);
+    }
+    return h("dl", {class: "envelope"}, items.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
+  }
+
+  function manifest(d) {
+    if (!d.changes.length) return h("p", {class: "muted"}, "No path changed.");
+    const committed = d.meta.state === "committed";
+    const table = h("table", {class: "ledger"},
+      h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, "Path"), h("th", {}, "Before \u2192 after (sha256)"),
+        h("th", {}, "Cause"), h("th", {class: "opt"}, "Savepoint"))),
+      h("tbody", {}, d.changes.map((c) => h("tr", {},
+        h("td", {}, kindBadge(c.kind)),
+        h("td", {class: "path"}, c.path, committed && c.after ? h("button", {class: "button ghost small blame-link", type: "button",
+          "aria-label": `blame sheet of ${c.path}`, onclick: () => openBlame(d.meta.target, c.path)}, "blame") : null),
+        h("td", {class: "hash"}, `${short(c.before)} \u2192 ${short(c.after)}`),
+        h("td", {class: "cause"}, causeText(c.cause)),
+        h("td", {class: "opt"}, c.layer === null || c.layer === undefined ? "" : `@${c.layer}`)))));
+    return h("div", {class: "table-wrap"}, table);
+  }
+
+  function chain(d) {
+    const points = d.savepoints;
+    if (!points.length) return h("p", {class: "muted"}, "No savepoints.");
+    const staged = d.staged && !d.running;
+    const table = h("table", {class: "ledger chain"},
+      h("thead", {}, h("tr", {}, staged ? h("th", {}, "Keep") : null, h("th", {}, "@"), h("th", {}, "Cause"),
+        h("th", {}, "Paths"), staged ? h("th", {class: "actions"}, "") : null)),
+      h("tbody", {}, points.map((p) => {
+        const keep = staged ? h("input", {type: "checkbox", checked: true, "aria-label": `keep savepoint @${p.n}`,
+          dataset: {n: p.n}, onchange: (e) => { row.classList.toggle("dropped", !e.target.checked); keptNote(); }}) : null;
+        const row = h("tr", {dataset: {n: p.n}},
+          staged ? h("td", {}, keep) : null,
+          h("td", {class: "hash"}, `@${p.n}`),
+          h("td", {class: "cause"}, causeText(p.cause), p.coarse ? ` (+${p.causes.length - 1} more causes)` : ""),
+          h("td", {}, String(p.paths)),
+          staged ? h("td", {class: "actions"},
+            twoStep("Rewind here", "Confirm rewind", () => rewind(p.n), p.n === points.length - 1),
+            h("button", {class: "button ghost small", type: "button", onclick: () => fork(p.n)}, "Fork here")) : null);
+        return row;
+      })));
+    return [h("div", {class: "table-wrap"}, table),
+            staged ? h("p", {class: "muted small", id: "kept-note"}, "Untick a savepoint and the commit leaves it out.") : null];
+  }
+
+  /* A button that asks once more before it acts (no native dialogs). */
+  function twoStep(label, confirmLabel, act, disabled) {
+    const b = h("button", {class: "button ghost small", type: "button", disabled});
+    b.textContent = label;
+    let armed = null;
+    b.addEventListener("click", () => {
+      if (armed) { clearTimeout(armed); armed = null; act(); return; }
+      b.textContent = confirmLabel;
+      b.classList.add("danger-text");
+      armed = setTimeout(() => { armed = null; b.textContent = label; b.classList.remove("danger-text"); }, 4000);
+    });
+    return b;
+  }
+
+  function dropped() {
+    return [...paper.querySelectorAll(".chain input[type=checkbox]")].filter((x) => !x.checked).map((x) => +x.dataset.n);
+  }
+
+  function keptNote() {
+    const n = dropped().length;
+    const note = $("kept-note");
+    if (note) note.textContent = n ? `The commit leaves out ${n} savepoint${n === 1 ? "" : "s"}: ${dropped().map((x) => "@" + x).join(", ")}.`
+      : "Untick a savepoint and the commit leaves it out.";
+  }
+
+  function disposition(d) {
+    const m = d.meta;
+    if (m.state === "committed") {
+      const parts = [`Committed ${when(m.committed)}.`];
+      if (m.committed_layers) parts.push(` Savepoints kept: ${m.committed_layers.map((x) => "@" + x).join(", ") || "none"}.`);
+      if (m.forced) parts.push(" Forced over outside changes.");
+      if (m.merged && m.merged.length) parts.push(` Merged: ${m.merged.join(", ")}.`);
+      return h("p", {class: "decided"}, parts.join(""));
+    }
+    if (m.state === "rolled-back") return h("p", {class: "decided voided"}, `Voided ${when(m.rolled_back)}. Nothing was written.`);
+    if (d.running) return h("p", {class: "muted"}, "The agent is working in this session; stop it in the workspace first.");
+    const message = h("div", {class: "refusal doc-message", role: "alert", hidden: true});
+    const force = h("input", {type: "checkbox", id: "force"});
+    const forceLabel = h("label", {class: "small", for: "force", hidden: true}, force, " commit over outside changes (--force)");
+    const commitBtn = h("button", {class: "button primary", type: "button", onclick: async () => {
+      commitBtn.disabled = true;
+      message.hidden = true;
+      const body = {};
+      const drop = dropped();
+      if (drop.length) body.drop = drop.map((n) => `layer:${n}`);
+      if (force.checked) body.force = true;
+      try {
+        await api("POST", `/api/session/${m.sid}/commit`, body);
+      } catch (e) {
+        clear(message).append(h("strong", {}, "Commit refused; nothing was written. "), e.message);
+        const drifts = e.data.drifts || [];
+        if (drifts.length) message.append(h("ul", {}, drifts.map((x) => h("li", {}, x.words))));
+        forceLabel.hidden = !(drifts.length && drifts.every((x) => x.forceable));
+        message.hidden = false;
+        commitBtn.disabled = false;
+        return;
+      }
+      await show(m.sid);
+      reloadRegister();
+    }}, "Commit");
+    const voidBtn = twoStep("Void", "Confirm void", async () => {
+      try { await api("POST", `/api/session/${m.sid}/rollback`, {}); }
+      catch (e) { clear(message).append(e.message); message.hidden = false; return; }
+      await show(m.sid);
+      reloadRegister();
+    });
+    return [h("div", {class: "disposition"}, commitBtn, voidBtn, forceLabel,
+              h("p", {class: "hint"}, "Commit checks that the folder did not change under the session, then writes the kept savepoints, all or nothing. Void throws the session away.")),
+            message];
+  }
+
+  async function rewind(n) {
+    try {
+      await api("POST", `/api/session/${current}/rewind`, {to: n});
+    } catch (e) { return flash(e.message); }
+    await show(current);
+    reloadRegister();
+  }
+
+  async function fork(n) {
+    let res;
+    try { res = await api("POST", `/api/session/${current}/fork`, {at: n}); }
+    catch (e) { return flash(e.message); }
+    await reloadRegister();
+    location.hash = res.sid;
+  }
+
+  function flash(message) {
+    const note = h("p", {class: "note error", role: "alert"}, message);
+    paper.prepend(note);
+    setTimeout(() => note.remove(), 6000);
+  }
+
+  /* -- the blame sheet ------------------------------------------------------------------------------ */
+  function ownerKey(o) { return typeof o === "string" ? o : `${o.sid}/${o.layer}`; }
+
+  function ownerLabel(o) {
+    if (o === "origin") return "origin (older than the record)";
+    if (o === "drift") return "drift (changed outside OVERLORD)";
+    if (o === "unknown") return "unknown (bytes not kept)";
+    const what = o.kind === "agent" ? [o.turn !== undefined ? `turn ${o.turn}` : null, o.summary || o.tool].filter(Boolean).join(" \u00b7 ") : (o.command || o.kind);
+    return `${o.sid} \u00b7 @${o.layer} \u00b7 ${what}`;
+  }
+
+  async function openBlame(target, path) {
+    const body = clear($("blame-body"));
+    $("blame-title").textContent = `Blame sheet: ${path}`;
+    if (!blame.open) blame.showModal();
+    let data;
+    try { data = await api("GET", `/api/blame?${new URLSearchParams({path: `${target.replace(/\/$/, "")}/${path}`})}`); }
+    catch (e) { body.append(h("p", {class: "note error"}, e.message)); return; }
+    const owners = new Map();
+    for (const line of data.lines) {
+      const key = ownerKey(line.owner);
+      if (!owners.has(key)) owners.set(key, {owner: line.owner, n: owners.size});
+    }
+    body.append(h("ul", {class: "blame-legend"}, [...owners.values()].map(({owner}) => h("li", {},
+      h("strong", {}, ownerLabel(owner)), typeof owner === "object" && owner.task ? ` \u2014 task: ${owner.task}` : ""))));
+    let last = null;
+    const lines = h("div", {class: "blame-lines"});
+    for (const line of data.lines) {
+      const key = ownerKey(line.owner);
+      const info = owners.get(key);
+      const cls = typeof line.owner === "string" ? line.owner : `owner-${info.n % 5}`;
+      lines.append(h("div", {class: `blame-line ${cls}`},
+        h("span", {class: `owner${key !== last ? " first" : ""}`, title: ownerLabel(line.owner)}, key !== last ? ownerLabel(line.owner) : ""),
+        h("span", {class: "n"}, line.n), h("span", {class: "text"}, line.text)));
+      last = key;
+    }
+    if (!data.lines.length) lines.append(h("p", {class: "diff-summary"}, "The file is empty."));
+    body.append(lines);
+  }
+
+  /* -- wiring ----------------------------------------------------------------------------------------- */
+  register.addEventListener("click", (e) => {
+    const row = e.target.closest(".reg-row");
+    if (!row) return;
+    e.preventDefault();
+    history.replaceState(null, "", `#${row.dataset.sid}`);
+    show(row.dataset.sid);
+  });
+  document.addEventListener("keydown", (e) => {
+    if (e.defaultPrevented || e.ctrlKey || e.metaKey || e.altKey || blame.open) return;
+    if (/^(INPUT|TEXTAREA|SELECT)$/.test(e.target.tagName)) return;
+    if (e.key === "j" || e.key === "ArrowDown") { e.preventDefault(); move(1); }
+    else if (e.key === "k" || e.key === "ArrowUp") { e.preventDefault(); move(-1); }
+    else if (e.key === "Enter" && current && e.target === register) { e.preventDefault(); show(current); paper.focus(); }
+  });
+  $("blame-close").addEventListener("click", () => blame.close());
+  window.addEventListener("hashchange", () => {
+    const sid = location.hash.slice(1);
+    if (SID_RE.test(sid) && sid !== current) show(sid);
+  });
+
+  paper.setAttribute("tabindex", "-1");
+  const first = location.hash.slice(1);
+  if (SID_RE.test(first)) show(first);
+  else if (rows().length) show(rows()[0].dataset.sid);
+})();

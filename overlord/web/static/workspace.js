@@ -1,0 +1,676 @@
+/* The workspace: conversations on the left, the chat in the middle, the change on the right.
+   One conversation is one transaction: nothing on disk changes until Commit. */
+"use strict";
+
+(() => {
+  const {h, clear, api, markdown, kindBadge, fileDiff, delta, causeText, ago, stateLabel, SID_RE} = OV;
+  const $ = (id) => document.getElementById(id);
+  const app = $("app"), messages = $("messages"), welcome = $("welcome"), prompt = $("prompt");
+  const OPEN = ["pending", "timed-out"];
+  const DONE_WORDS = {
+    end_turn: "Done",
+    max_turns: "Stopped at the turn budget: send a message to let it go on",
+    max_tokens: "The reply was cut off at max tokens; its tool calls did not run",
+    refusal: "The model declined this request",
+    cancelled: "Stopped. Send a message to continue where it left off",
+    limit: "The session crossed its disk grant and can run nothing more",
+    error: "The run failed",
+  };
+
+  const state = {settings: null, chats: [], sid: null, chat: null, source: null, running: false,
+                 session: null, inspectorTimer: null, listTimer: null};
+
+  /* -- the conversation as it is drawn ---------------------------------------------------------- */
+  class ChatView {
+    constructor(el) {
+      this.el = el; this.cards = new Map(); this.live = null; this.frame = 0; this.running = false;
+      this.indicator = h("div", {class: "working", role: "status", "aria-label": "the agent is working"},
+                         h("span"), h("span"), h("span"));
+    }
+
+    reset() {
+      for (const node of [...this.el.children]) if (node !== welcome) node.remove();
+      this.cards.clear();
+      this.live = null;
+    }
+
+    add(node) {
+      const stick = this.el.scrollHeight - this.el.scrollTop - this.el.clientHeight < 80;
+      if (this.indicator.parentNode === this.el) this.el.insertBefore(node, this.indicator);
+      else this.el.append(node);
+      if (stick) this.el.scrollTop = this.el.scrollHeight;
+      return node;
+    }
+
+    working(on) {
+      this.running = on;
+      this.showIndicator();
+    }
+
+    showIndicator() {
+      const want = this.running && !(this.live && (this.live.text || this.live.thought));
+      if (want && this.indicator.parentNode !== this.el) { this.el.append(this.indicator); this.follow(); }
+      if (!want && this.indicator.parentNode) this.indicator.remove();
+    }
+
+    follow() {
+      const gap = this.el.scrollHeight - this.el.scrollTop - this.el.clientHeight;
+      if (gap < 160) this.el.scrollTop = this.el.scrollHeight;
+    }
+
+    user(text, label) {
+      return this.add(h("div", {class: "msg msg-user"},
+        label ? h("span", {class: "msg-label"}, label) : null,
+        h("div", {class: "bubble"}, text)));
+    }
+
+    note(text, cls) { return this.add(h("p", {class: `note ${cls || ""}`}, text)); }
+
+    assistant() {
+      const body = h("div", {class: "md"});
+      const thinkingText = h("div", {class: "thinking-text"});
+      const thinking = h("details", {class: "thinking", hidden: true}, h("summary", {}, "Thinking"), thinkingText);
+      const bubble = h("div", {class: "bubble"}, thinking, body);
+      const wrap = this.add(h("div", {class: "msg msg-assistant"}, bubble));
+      return {wrap, bubble, body, thinking, thinkingText, text: "", thought: ""};
+    }
+
+    delta(kind, text) {
+      if (!this.live) {
+        this.live = this.assistant();
+        this.live.bubble.classList.add("streaming");
+      }
+      if (kind === "thinking") this.live.thought += text;
+      else this.live.text += text;
+      if (!this.frame) this.frame = requestAnimationFrame(() => this.paint());
+    }
+
+    restart() {
+      if (this.live) { this.live.text = ""; this.live.thought = ""; this.paint(); }
+    }
+
+    paint() {
+      this.frame = 0;
+      const live = this.live;
+      if (!live) return;
+      clear(live.body).append(markdown(live.text));
+      live.thinking.hidden = !live.thought;
+      live.thinkingText.textContent = live.thought;
+      this.showIndicator();
+      this.follow();
+    }
+
+    record(r) {
+      switch (r.type) {
+        case "task":
+          if (r.audit) this.user("/audit", "containment audit (authorized, scoped to this session)");
+          else this.user(r.text || "");
+          break;
+        case "resume":
+          if (r.note) this.user(r.note);
+          break;
+        case "assistant": {
+          const a = this.live || this.assistant();
+          this.live = null;
+          if (this.frame) { cancelAnimationFrame(this.frame); this.frame = 0; }
+          a.bubble.classList.remove("streaming");
+          clear(a.body).append(markdown(r.text || ""));
+          a.thinking.hidden = !r.thinking;
+          a.thinkingText.textContent = r.thinking || "";
+          if (!r.text && !r.thinking) a.wrap.remove();
+          this.showIndicator();
+          break;
+        }
+        case "tool_call": this.card(r); break;
+        case "tool_result": this.result(r); break;
+        case "error": this.note(r.message || "error", "error"); break;
+        case "compaction": this.note("Earlier turns were summarized to fit the context window."); break;
+        case "rewind": this.note(`Rewound to savepoint @${r.to}: what came after was undone.`); break;
+        case "fork": this.note(`Forked from ${r.from} at savepoint @${r.savepoint}.`); break;
+        case "done": this.done(r); break;
+        default: break;
+      }
+    }
+
+    card(r) {
+      const full = r.summary || "";
+      const inner = full.startsWith(`${r.tool}(`) && full.endsWith(")") ? full.slice(r.tool.length + 1, -1) : full;
+      const status = h("span", {class: `tool-status ${r.refused ? "fail" : "run"}`}, r.refused ? "refused" : "running");
+      const files = h("span", {class: "tool-files"});
+      const body = h("div", {class: "tool-body"});
+      if (r.refused) body.append(h("pre", {class: "tool-output error"}, r.refused));
+      const card = h("details", {class: "tool", dataset: {call: r.call || ""}},
+        h("summary", {}, h("span", {class: "tool-name"}, r.tool), h("span", {class: "tool-summary", title: inner}, inner), files, status),
+        body);
+      this.cards.set(r.call, {card, status, files, body});
+      this.add(card);
+    }
+
+    result(r) {
+      let c = this.cards.get(r.call);
+      if (!c) { this.card({call: r.call, tool: r.tool, summary: r.tool}); c = this.cards.get(r.call); }
+      let text, cls;
+      if (r.not_run) { text = "not run"; cls = "skip"; }
+      else if (r.cancelled) { text = "stopped"; cls = "skip"; }
+      else if (r.timed_out) { text = "timed out"; cls = "fail"; }
+      else if (r.tool === "shell" && r.exit_code !== null && r.exit_code !== undefined) {
+        text = `exit ${r.exit_code}`; cls = r.exit_code === 0 ? "ok" : "fail";
+      } else { text = r.is_error ? "error" : "done"; cls = r.is_error ? "fail" : "ok"; }
+      c.status.className = `tool-status ${cls}`;
+      c.status.textContent = text;
+      const paths = r.paths || [];
+      c.files.textContent = paths.length ? `${paths.length} file${paths.length === 1 ? "" : "s"}` : "";
+      clear(c.body);
+      if (paths.length) c.body.append(h("div", {class: "tool-paths"}, paths.map((p) => h("span", {}, p))));
+      if (r.output) c.body.append(h("pre", {class: `tool-output ${r.is_error ? "error" : ""}`}, r.output + (r.clipped ? "\n[\u2026 shortened here; the transcript keeps it all]" : "")));
+      else c.body.append(h("p", {class: "muted small"}, "no output"));
+    }
+
+    done(r) {
+      if (r.reason === "error") {
+        this.note(r.message ? `The run failed: ${r.message}` : DONE_WORDS.error, "error");
+        return;
+      }
+      let text = DONE_WORDS[r.reason] || r.reason;
+      if (r.reason === "end_turn" && r.usage) {
+        const tokens = (r.usage.input_tokens || 0) + (r.usage.output_tokens || 0);
+        text += ` \u00b7 ${r.turns} turn${r.turns === 1 ? "" : "s"}${tokens ? ` \u00b7 ${tokens.toLocaleString()} tokens` : ""}`;
+      }
+      this.note(text, "done");
+    }
+  }
+
+  const view = new ChatView(messages);
+
+  /* -- conversations ----------------------------------------------------------------------------- */
+  async function loadChats() {
+    try {
+      state.chats = (await api("GET", "/api/chats")).chats;
+    } catch (e) { return; }
+    const list = clear($("chat-list"));
+    if (!state.chats.length) list.append(h("p", {class: "muted small"}, "No conversations yet."));
+    for (const c of state.chats) {
+      list.append(h("button", {class: "chat-item", type: "button", "aria-current": c.sid === state.sid ? "true" : "false",
+                               dataset: {sid: c.sid}, onclick: () => { select(c.sid); closeDrawers(); }},
+        h("span", {class: "chat-item-title"}, c.title),
+        h("span", {class: "chat-item-meta"}, h("span", {class: `dot state-${c.state}${c.running ? " running" : ""}`}),
+          c.running ? "working" : stateLabel(c.state), " \u00b7 ", ago(c.created))));
+    }
+  }
+
+  function laterList() {
+    clearTimeout(state.listTimer);
+    state.listTimer = setTimeout(loadChats, 250);
+  }
+
+  function select(sid) {
+    if (state.source) { state.source.close(); state.source = null; }
+    state.sid = sid;
+    state.chat = null;
+    view.reset();
+    welcome.hidden = !!sid;
+    hideError();
+    if (sid) {
+      if (location.hash !== `#${sid}`) history.replaceState(null, "", `#${sid}`);
+      listen(sid);
+    } else {
+      history.replaceState(null, "", "/");
+      setRunning(false);
+      header(null);
+      composerFor(null);
+    }
+    for (const b of document.querySelectorAll(".chat-item")) b.setAttribute("aria-current", b.dataset.sid === sid ? "true" : "false");
+    refreshInspector();
+  }
+
+  function listen(sid) {
+    const source = new EventSource(`/api/chats/${sid}/events`);
+    state.source = source;
+    const on = (name, fn) => source.addEventListener(name, (e) => { if (state.source === source) fn(JSON.parse(e.data)); });
+    on("snapshot", (s) => {
+      view.reset();
+      state.chat = s.chat;
+      header(s.chat);
+      for (const r of s.records) view.record(r);
+      if (s.partial) {
+        if (s.partial.thinking) view.delta("thinking", s.partial.thinking);
+        if (s.partial.text) view.delta("text", s.partial.text);
+      }
+      setRunning(s.running);
+      composerFor(s.chat);
+      messages.scrollTop = messages.scrollHeight;
+      laterInspector(0);
+    });
+    on("record", (r) => {
+      view.record(r);
+      if (r.type === "tool_result" && r.paths && r.paths.length) laterInspector(200);
+    });
+    on("delta", (d) => view.delta(d.kind, d.text));
+    on("restart", () => view.restart());
+    on("state", (s) => {
+      setRunning(s.running);
+      if (!s.running) { laterInspector(0); laterList(); }
+    });
+  }
+
+  function header(chat) {
+    if (!chat) {
+      $("chat-title").textContent = "New conversation";
+      const s = state.settings;
+      $("chat-sub").textContent = s ? `${modelLine(s)} \u00b7 ${s.folder}` : "";
+      return;
+    }
+    $("chat-title").textContent = chat.title;
+    const grants = chat.grants || {};
+    const sandbox = [grants.jail ? "jailed" : "not jailed", grants.net === "host" ? "host network" : "offline"].join(", ");
+    $("chat-sub").textContent = `${chat.model || "?"} \u00b7 ${(state.settings && state.settings.labels[chat.provider]) || chat.provider || ""} \u00b7 ${sandbox} \u00b7 ${chat.target}`;
+  }
+
+  function modelLine(s) {
+    const prof = s.profiles[s.provider] || {};
+    return `${prof.model || "no model chosen"} \u00b7 ${s.labels[s.provider]}`;
+  }
+
+  function composerFor(chat) {
+    const note = $("composer-note");
+    const closed = chat && !OPEN.includes(chat.state);
+    prompt.disabled = !!closed;
+    $("send").disabled = !!closed;
+    clear(note);
+    note.hidden = !closed;
+    if (closed) {
+      note.append(chat.state === "committed"
+        ? ["This conversation was committed. ", h("a", {href: `/console#${chat.sid}`}, "Open its dossier in the console"), "."]
+        : "This conversation was discarded; your folder was left exactly as it was.");
+    }
+  }
+
+  function setRunning(running) {
+    state.running = running;
+    view.working(running);
+    $("send").hidden = running;
+    $("stop").hidden = !running;
+    $("stop").disabled = false;
+    $("stop").textContent = "Stop";
+    $("decide").classList.toggle("busy", running);
+    for (const id of ["commit", "discard"]) $(id).disabled = running;
+  }
+
+  /* -- sending ----------------------------------------------------------------------------------- */
+  function showError(message, settingsLink) {
+    const el = clear($("composer-error"));
+    el.append(message);
+    if (settingsLink) el.append(" ", h("button", {class: "button ghost small", type: "button", onclick: openSettings}, "Open Settings"));
+    el.hidden = false;
+  }
+
+  function hideError() { $("composer-error").hidden = true; }
+
+  async function send(ev) {
+    ev.preventDefault();
+    const text = prompt.value.trim();
+    if (!text || state.running) return;
+    hideError();
+    $("send").disabled = true;
+    try {
+      if (!state.sid) {
+        welcome.hidden = true;
+        const pending = view.user(text);
+        setRunning(true);
+        let res;
+        try {
+          res = await api("POST", "/api/chats", {message: text});
+        } catch (e) {
+          pending.remove();
+          welcome.hidden = false;
+          setRunning(false);
+          throw e;
+        }
+        prompt.value = "";
+        select(res.sid);
+        laterList();
+      } else {
+        setRunning(true);
+        try {
+          await api("POST", `/api/chats/${state.sid}/message`, {message: text});
+        } catch (e) { setRunning(false); throw e; }
+        prompt.value = "";
+      }
+    } catch (e) {
+      showError(e.message, e.status === 409 || e.status === 400);
+    } finally {
+      $("send").disabled = false;
+    }
+  }
+
+  async function stop() {
+    if (!state.sid) return;
+    $("stop").disabled = true;
+    $("stop").textContent = "Stopping\u2026";
+    try { await api("POST", `/api/chats/${state.sid}/cancel`, {}); } catch (e) { showError(e.message); }
+  }
+
+  /* -- the inspector ----------------------------------------------------------------------------- */
+  function laterInspector(ms) {
+    clearTimeout(state.inspectorTimer);
+    state.inspectorTimer = setTimeout(refreshInspector, ms);
+  }
+
+  async function refreshInspector() {
+    const sid = state.sid;
+    const files = clear($("file-list")), diffs = clear($("diffs")), steps = clear($("steps"));
+    if (!sid) {
+      state.session = null;
+      $("inspector-empty").hidden = false;
+      $("steps-section").hidden = true;
+      $("decide").hidden = true;
+      $("session-state").hidden = true;
+      setCount(0);
+      return;
+    }
+    let d;
+    try { d = await api("GET", `/api/session/${sid}`); } catch (e) { return; }
+    if (sid !== state.sid) return;
+    state.session = d;
+    const changes = d.changes;
+    setCount(changes.length);
+    const pill = $("session-state");
+    pill.hidden = false;
+    pill.className = `pill state-${d.meta.state}`;
+    pill.textContent = stateLabel(d.meta.state);
+    $("inspector-empty").hidden = changes.length > 0;
+    $("inspector-empty").textContent = d.staged
+      ? "No changes yet. The files the agent changes appear here; nothing is written to your folder until you commit."
+      : "Nothing was changed.";
+    const byPath = new Map(d.diffs.map((x, i) => [x.path, [x, i]]));
+    changes.forEach((c) => {
+      const found = byPath.get(c.path);
+      files.append(h("li", {class: "file-row"}, kindBadge(c.kind),
+        h("a", {href: `#diff-${found ? found[1] : ""}`, title: c.path, onclick: (e) => {
+          e.preventDefault();
+          const target = found && $(`diff-${found[1]}`);
+          if (target) { target.open = true; target.scrollIntoView({block: "start", behavior: "smooth"}); }
+        }}, h("bdi", {}, c.path)), found ? delta(found[0]) : null));
+    });
+    d.diffs.forEach((x, i) => diffs.append(fileDiff(x, `diff-${i}`)));
+    const points = d.savepoints.filter((p) => !(p.cause && p.cause.event === "open" && !p.paths));
+    $("steps-section").hidden = !points.length;
+    for (const p of points) {
+      steps.append(h("li", {}, h("span", {class: "step-n"}, `@${p.n}`),
+        h("span", {class: "step-what"}, causeText(p.cause)),
+        h("span", {class: "step-paths"}, `${p.paths} path${p.paths === 1 ? "" : "s"}`)));
+    }
+    decidePanel(d);
+  }
+
+  function setCount(n) {
+    $("change-count").textContent = n;
+    $("change-count-narrow").textContent = n;
+  }
+
+  function decidePanel(d) {
+    const state_ = d.meta.state;
+    $("decide").hidden = false;
+    const decided = $("decided");
+    clear(decided);
+    decided.className = "decided";
+    const open = d.staged;
+    $("decide-row").hidden = !open || !d.changes.length;
+    $("confirm-discard").hidden = true;
+    if (!open) $("refusal").hidden = true;
+    decided.hidden = open;
+    if (state_ === "committed") {
+      decided.append(`Committed to ${d.meta.target}. `, h("a", {href: `/console#${d.meta.sid}`}, "Open the dossier"));
+    } else if (state_ === "rolled-back") {
+      decided.classList.add("voided");
+      decided.append("Discarded. Your folder was left exactly as it was.");
+    }
+    if (open && !d.changes.length) $("decide").hidden = true;
+    for (const id of ["commit", "discard"]) $(id).disabled = state.running;
+  }
+
+  async function commit(force) {
+    const sid = state.sid;
+    const refusal = clear($("refusal"));
+    refusal.hidden = true;
+    $("commit").disabled = true;
+    try {
+      await api("POST", `/api/session/${sid}/commit`, force ? {force: true} : {});
+    } catch (e) {
+      refusal.append(h("strong", {}, "Commit refused. Nothing was written."));
+      const drifts = e.data.drifts || [];
+      if (drifts.length) {
+        refusal.append(h("ul", {}, drifts.map((x) => h("li", {}, x.words))));
+        if (drifts.every((x) => x.forceable)) {
+          refusal.append(h("span", {}, "Committing anyway overwrites those outside changes with the agent's."),
+            h("div", {}, h("button", {class: "button danger small", type: "button", onclick: () => commit(true)}, "Commit anyway")));
+        } else {
+          refusal.append(h("span", {}, "These cannot be overridden: discard this conversation, or start again from the folder as it is now."));
+        }
+      } else {
+        refusal.append(h("span", {}, e.message));
+      }
+      refusal.hidden = false;
+      $("commit").disabled = false;
+      return;
+    }
+    await refreshInspector();
+    laterList();
+  }
+
+  async function discard() {
+    $("confirm-discard").hidden = true;
+    try {
+      await api("POST", `/api/session/${state.sid}/rollback`, {});
+    } catch (e) {
+      const refusal = clear($("refusal"));
+      refusal.append(e.message);
+      refusal.hidden = false;
+    }
+    await refreshInspector();
+    laterList();
+  }
+
+  /* -- settings ----------------------------------------------------------------------------------- */
+  const dialog = $("settings");
+  const KNOB_IDS = [...document.querySelectorAll("[data-knob]")];
+  const edit = {data: null, profiles: null, provider: null, dirty: new Set(), models: {}};
+
+  async function loadSettings() {
+    try { state.settings = await api("GET", "/api/settings"); } catch (e) { return; }
+    const s = state.settings;
+    $("welcome-folder").textContent = s.folder;
+    const sandbox = [s.sandbox.jail ? "jailed" : "not jailed", s.sandbox.net === "host" ? "host network" : "offline"].join(", ");
+    const keyNote = s.keys[s.provider] || s.provider === "openai-compatible" ? "" : " \u00b7 no API key yet (Settings)";
+    $("welcome-model").textContent = `${modelLine(s)} \u00b7 tools ${sandbox}${keyNote}`;
+    if (!state.sid) header(null);
+  }
+
+  async function openSettings() {
+    closeDrawers();
+    await loadSettings();
+    const s = state.settings;
+    if (!s) return;
+    edit.data = s;
+    edit.profiles = JSON.parse(JSON.stringify(s.profiles));
+    edit.provider = s.provider;
+    edit.dirty = new Set();
+    const sel = clear($("s-provider"));
+    for (const p of s.providers) sel.append(h("option", {value: p}, s.labels[p]));
+    sel.value = s.provider;
+    $("s-folder").value = s.folder;
+    $("s-jail").checked = !!s.sandbox.jail;
+    $("s-net").value = s.sandbox.net;
+    $("settings-saved").textContent = "";
+    clearErrors();
+    fillProfile();
+    if (!dialog.open) dialog.showModal();
+    loadModels();
+  }
+
+  function fillProfile() {
+    const p = edit.profiles[edit.provider];
+    $("s-base-url").value = p.base_url || "";
+    $("s-headers").value = Object.entries(p.headers || {}).map(([k, v]) => `${k}: ${v}`).join("\n");
+    $("s-system").value = p.system || "";
+    $("s-key").value = "";
+    const src = edit.data.keys[edit.provider];
+    $("s-key-status").textContent = src === "env" ? "A key comes from the environment; a stored one would be ignored."
+      : src === "store" ? "A key is stored (mode 600). It is never shown again; type a new one to replace it."
+      : edit.provider === "openai-compatible" ? "Optional for compatible endpoints." : "No key stored yet.";
+    for (const el of KNOB_IDS) {
+      const v = (p.knobs || {})[el.dataset.knob];
+      el.value = v === undefined || v === null ? "" : Array.isArray(v) ? v.join("\n") : String(v);
+    }
+    modelOptions(edit.models[edit.provider] || [], p.model);
+    $("s-model-typed").value = "";
+  }
+
+  function modelOptions(list, current) {
+    const sel = clear($("s-model"));
+    sel.append(h("option", {value: ""}, list.length ? "choose a model" : "(no list loaded)"));
+    const ids = new Set();
+    for (const m of list) {
+      ids.add(m.id);
+      sel.append(h("option", {value: m.id}, m.name && m.name !== m.id ? `${m.name} (${m.id})` : m.id));
+    }
+    if (current && !ids.has(current)) sel.append(h("option", {value: current}, `${current} (saved)`));
+    sel.value = current || "";
+  }
+
+  function collectProfile() {
+    const p = edit.profiles[edit.provider];
+    const typed = $("s-model-typed").value.trim();
+    const knobs = {};
+    for (const el of KNOB_IDS) {
+      const v = el.value.trim();
+      if (!v) continue;
+      knobs[el.dataset.knob] = el.dataset.knob === "stop" ? v.split("\n").map((x) => x.trim()).filter(Boolean) : v;
+    }
+    const next = {model: typed || $("s-model").value, base_url: $("s-base-url").value.trim(),
+                  headers: $("s-headers").value, system: $("s-system").value, knobs};
+    const before = JSON.stringify([p.model, p.base_url, p.system, p.knobs,
+      Object.entries(p.headers || {}).map(([k, v]) => `${k}: ${v}`).join("\n")]);
+    const after = JSON.stringify([next.model, next.base_url, next.system, next.knobs, next.headers]);
+    if (before !== after) edit.dirty.add(edit.provider);
+    edit.profiles[edit.provider] = Object.assign({}, p, next);
+    return next;
+  }
+
+  async function loadModels() {
+    const provider = edit.provider;
+    const status = $("s-model-status");
+    status.textContent = "Loading the endpoint's models\u2026";
+    const base = $("s-base-url").value.trim();
+    const q = new URLSearchParams({provider});
+    if (base) q.set("base_url", base);
+    try {
+      const res = await api("GET", `/api/models?${q}`);
+      if (provider !== edit.provider) return;
+      edit.models[provider] = res.models;
+      const current = $("s-model-typed").value.trim() || $("s-model").value || edit.profiles[provider].model;
+      modelOptions(res.models, current);
+      status.textContent = `${res.models.length} model${res.models.length === 1 ? "" : "s"} served by the endpoint right now.`;
+    } catch (e) {
+      if (provider !== edit.provider) return;
+      status.textContent = `The list could not be loaded: ${e.message}. You can type a model id.`;
+    }
+  }
+
+  function clearErrors() {
+    for (const el of dialog.querySelectorAll(".field-error")) el.textContent = "";
+    for (const el of dialog.querySelectorAll(".invalid")) el.classList.remove("invalid");
+  }
+
+  const FIELD_IDS = {provider: "s-provider", model: "s-model", base_url: "s-base-url", headers: "s-headers",
+                     api_key: "s-key", system: "s-system", folder: "s-folder", jail: "s-jail", net: "s-net",
+                     max_tokens: "s-max-tokens", temperature: "s-temperature", top_p: "s-top-p",
+                     effort: "s-effort", thinking: "s-thinking", api: "s-api", stop: "s-stop"};
+
+  function fieldError(field, message) {
+    const slot = dialog.querySelector(`.field-error[data-for="${field}"]`) ||
+                 dialog.querySelector('.field-error[data-for="provider"]');
+    slot.textContent = message;
+    const input = $(FIELD_IDS[field]);
+    if (input) { input.classList.add("invalid"); input.focus(); }
+  }
+
+  async function saveSettings(ev) {
+    ev.preventDefault();
+    clearErrors();
+    collectProfile();
+    const current = edit.provider;
+    const others = [...edit.dirty].filter((p) => p !== current);
+    try {
+      for (const p of others) {
+        edit.provider = p;
+        await api("PUT", "/api/settings", {provider: p, profile: edit.profiles[p]});
+        edit.dirty.delete(p);
+      }
+      edit.provider = current;
+      const body = {provider: current, profile: edit.profiles[current], folder: $("s-folder").value,
+                    sandbox: {jail: $("s-jail").checked, net: $("s-net").value}};
+      const key = $("s-key").value.trim();
+      if (key) body.api_key = key;
+      edit.data = await api("PUT", "/api/settings", body);
+      edit.dirty.clear();
+      edit.profiles = JSON.parse(JSON.stringify(edit.data.profiles));
+      state.settings = edit.data;
+      $("settings-saved").textContent = "Saved. New conversations use these settings.";
+      fillProfile();
+      loadSettings();
+      loadModels();
+    } catch (e) {
+      if (edit.provider !== current) {
+        $("s-provider").value = edit.provider;
+        fillProfile();
+      }
+      fieldError(e.data.field || "provider", e.message);
+    }
+  }
+
+  /* -- narrow screens: the list and the change are drawers ------------------------------------------- */
+  function closeDrawers() { app.classList.remove("show-rail", "show-inspector"); $("scrim").hidden = true; }
+  function openDrawer(cls) { app.classList.add(cls); $("scrim").hidden = false; }
+
+  /* -- wiring ------------------------------------------------------------------------------------- */
+  $("composer").addEventListener("submit", send);
+  prompt.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); $("composer").requestSubmit(); }
+  });
+  $("stop").addEventListener("click", stop);
+  $("new-chat").addEventListener("click", () => { select(null); closeDrawers(); prompt.focus(); });
+  $("commit").addEventListener("click", () => commit(false));
+  $("discard").addEventListener("click", () => { $("confirm-discard").hidden = false; $("discard-yes").focus(); });
+  $("discard-yes").addEventListener("click", discard);
+  $("discard-no").addEventListener("click", () => { $("confirm-discard").hidden = true; });
+  $("open-settings").addEventListener("click", openSettings);
+  $("settings-form").addEventListener("submit", saveSettings);
+  $("settings-close").addEventListener("click", () => dialog.close());
+  $("settings-cancel").addEventListener("click", () => dialog.close());
+  $("s-refresh").addEventListener("click", loadModels);
+  $("s-provider").addEventListener("change", () => {
+    collectProfile();
+    edit.provider = $("s-provider").value;
+    clearErrors();
+    fillProfile();
+    loadModels();
+  });
+  $("s-base-url").addEventListener("change", loadModels);
+  $("rail-open").addEventListener("click", () => openDrawer("show-rail"));
+  $("rail-close").addEventListener("click", closeDrawers);
+  $("inspector-open").addEventListener("click", () => openDrawer("show-inspector"));
+  $("inspector-close").addEventListener("click", closeDrawers);
+  $("scrim").addEventListener("click", closeDrawers);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeDrawers(); });
+  window.addEventListener("hashchange", () => {
+    const sid = location.hash.slice(1);
+    if (SID_RE.test(sid) && sid !== state.sid) select(sid);
+  });
+
+  loadSettings().then(() => {
+    const sid = location.hash.slice(1);
+    select(SID_RE.test(sid) ? sid : null);
+    loadChats();
+  });
+})();
