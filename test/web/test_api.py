@@ -1,0 +1,390 @@
+"""The JSON API and the server's guards, over real HTTP against `overlord ui` on port 0: every
+route, the launch token (file, cookie exchange, Bearer, 401), the origin guard (another loopback
+port is refused), Host (421), the headers every answer carries, bad session ids, body limits and
+malformed bodies (4xx, never 500), and a sandboxed process with the host's network refused."""
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SESSION_RE, Ovl
+from weblib import KEY, REPO, UI, AnthropicFake, require_kernel, ui  # noqa: F401
+
+SID = "20260101-000000-abcdef"
+
+
+@pytest.fixture
+def ovl(home):
+    return Ovl(home)
+
+
+def session(ovl, target, script):
+    proc = ovl("run", "-t", target, "--", "sh", "-c", script, check=0)
+    return SESSION_RE.search(proc.out).group(1)
+
+
+# -- the launch token ------------------------------------------------------------------------------
+
+def test_the_token_lives_in_ui_token_0600_and_is_printed(ui, home):
+    path = home / "ui.token"
+    st = os.stat(path)
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
+    assert path.read_text().strip() == ui.token and len(ui.token) >= 32
+    assert ui.link == f"{ui.base}/?token={ui.token}"
+
+
+def test_a_token_file_others_may_read_is_replaced(home, target):
+    (home / "ui.token").write_text("0" * 48 + "\n")
+    os.chmod(home / "ui.token", 0o644)
+    server = UI(home, target)
+    try:
+        assert server.token != "0" * 48
+        assert stat.S_IMODE(os.stat(home / "ui.token").st_mode) == 0o600
+    finally:
+        server.close()
+
+
+def test_without_the_token_everything_but_healthz_is_401(ui):
+    for path in ("/api/sessions", "/api/chats", "/api/settings", f"/api/session/{SID}",
+                 "/api/models?provider=anthropic", "/api/blame?path=/x"):
+        r = ui.get(path, auth=False)
+        assert r.status == 401, path
+        assert "error" in r.json
+    assert ui.post("/api/chats", {"message": "hi"}, auth=False).status == 401
+    page = ui.get("/", auth=False)
+    assert page.status == 401 and b"launch token" in page.body
+    assert page.header("content-type").startswith("text/html")
+    r = ui.get("/api/sessions", auth=False, headers={"Authorization": "Bearer " + "f" * 48})
+    assert r.status == 401
+    r = ui.get("/api/sessions", auth=False, headers={"Cookie": "overlord_ui=" + ui.token})
+    assert r.status == 401            # the cookie holds a derived value, not the token itself
+    health = ui.get("/healthz", auth=False)
+    assert health.status == 200 and health.json == {"ok": True}
+
+
+def test_token_link_sets_a_strict_cookie_and_redirects_without_it(ui):
+    r = ui.get(f"/console?token={ui.token}&x=1", auth=False)
+    assert r.status == 303
+    assert r.header("location") == "/console?x=1"
+    cookie = r.header("set-cookie")
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+    assert ui.token not in cookie
+    value = cookie.split(";")[0]
+    page = ui.get("/console", auth=False, headers={"Cookie": value})
+    assert page.status == 200 and b"Register" in page.body
+    api = ui.get("/api/sessions", auth=False, headers={"Cookie": value, "Sec-Fetch-Site": "same-origin"})
+    assert api.status == 200
+    bad = ui.get(f"/?token={'0' * 48}", auth=False)
+    assert bad.status == 401 and "set-cookie" not in bad.headers
+
+
+def test_a_sandboxed_process_on_the_hosts_network_is_refused(ui, home, target):
+    """Red team A13: with net=host a jailed command shares the loopback, yet it cannot read the
+    token (OVERLORD_HOME is out of its reach) and without it every request is 401."""
+    require_kernel()
+    probe = (
+        "import json, sys, urllib.request, urllib.error\n"
+        "out = {}\n"
+        "try:\n"
+        f"    open({str(home / 'ui.token')!r}).read(); out['token'] = 'read'\n"
+        "except OSError as e: out['token'] = type(e).__name__\n"
+        "for path in ('/api/sessions', '/'):\n"
+        f"    req = urllib.request.Request('{ui.base}' + path)\n"
+        "    try: out[path] = urllib.request.urlopen(req, timeout=5).status\n"
+        "    except urllib.error.HTTPError as e: out[path] = e.code\n"
+        "    except OSError as e: out[path] = str(e)\n"
+        "print(json.dumps(out))\n")
+    proc = Ovl(home, "kernel")("run", "-t", target, "--jail", "--net", "host", "--", "python3", "-c", probe)
+    assert proc.returncode == 0, proc.err
+    out = json.loads(proc.out.splitlines()[0])
+    assert out["token"] in ("FileNotFoundError", "PermissionError"), out
+    assert out["/api/sessions"] == 401 and out["/"] == 401, out
+
+
+# -- Host, Origin, headers ----------------------------------------------------------------------------
+
+def test_a_foreign_host_header_is_421(ui):
+    for host in ("evil.example", f"localhost:{ui.port}", "127.0.0.1", f"127.0.0.1:{ui.port + 1}", None):
+        r = ui.get("/api/sessions", headers={"Host": host})
+        assert r.status == 421, host
+    assert ui.get("/healthz", headers={"Host": "rebind.example"}).status == 421
+
+
+def test_state_changing_requests_must_come_from_this_origin(ui):
+    cookie = ui.get(f"/?token={ui.token}", auth=False).header("set-cookie").split(";")[0]
+    other = f"http://127.0.0.1:{ui.port + 1}"          # a page an agent serves on another port
+    body = {"provider": "gemini"}
+    refused = [
+        {"Cookie": cookie, "Origin": other, "Sec-Fetch-Site": "same-site"},
+        {"Cookie": cookie, "Origin": other},
+        {"Cookie": cookie, "Sec-Fetch-Site": "same-site"},
+        {"Cookie": cookie, "Sec-Fetch-Site": "cross-site"},
+        {"Cookie": cookie, "Origin": "null"},
+        {"Cookie": cookie},                                 # no evidence at all
+        {"Authorization": f"Bearer {ui.token}", "Origin": other},
+    ]
+    for headers in refused:
+        r = ui.put("/api/settings", body, auth="Authorization" in headers, headers=headers)
+        assert r.status == 403, headers
+    assert ui.ok("GET", "/api/settings")["provider"] == "anthropic"
+    ok = [{"Cookie": cookie, "Origin": ui.base, "Sec-Fetch-Site": "same-origin"},
+          {"Cookie": cookie, "Sec-Fetch-Site": "same-origin"},
+          {"Cookie": cookie, "Origin": ui.base}]
+    for headers in ok:
+        assert ui.put("/api/settings", body, auth=False, headers=headers).status == 200, headers
+    # reads with the cookie from another port are refused too (the API answers this page only)
+    r = ui.get("/api/sessions", auth=False, headers={"Cookie": cookie, "Sec-Fetch-Site": "same-site"})
+    assert r.status == 403
+    # a script with the Bearer token needs no Origin
+    assert ui.put("/api/settings", {"provider": "anthropic"}).status == 200
+
+
+def test_every_answer_carries_the_security_headers(ui):
+    page = ui.get("/")
+    csp = page.header("content-security-policy")
+    nonce = re.search(r"'nonce-([A-Za-z0-9_-]+)'", csp).group(1)
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert "style-src 'self'" in csp
+    html = page.body.decode()
+    scripts = re.findall(r"<script[^>]*>", html)
+    assert scripts and all(f'nonce="{nonce}"' in s and "src=" in s for s in scripts)
+    assert not re.search(r"\son[a-z]+\s*=", html), "an inline event handler"
+    assert not re.search(r"\sstyle\s*=", html) and "<style" not in html
+    again = ui.get("/").header("content-security-policy")
+    assert again != csp                                     # a fresh nonce per response
+    for r in (page, ui.get("/api/sessions"), ui.get("/api/nothing"), ui.get("/healthz")):
+        assert r.header("x-content-type-options") == "nosniff"
+        assert r.header("referrer-policy") == "no-referrer"
+        assert r.header("cache-control") == "no-store"
+        assert r.header("content-security-policy")
+    assert ui.get("/api/sessions").header("content-type").startswith("application/json")
+
+
+def test_static_assets_are_files_with_hashed_urls(ui):
+    html = ui.get("/").body.decode()
+    urls = re.findall(r'(?:src|href)="(/static/[^"]+)"', html)
+    assert {u.split("?")[0] for u in urls} >= {"/static/app.css", "/static/common.js", "/static/workspace.js"}
+    for url in urls:
+        r = ui.get(url.replace("&amp;", "&"))
+        assert r.status == 200 and "immutable" in r.header("cache-control")
+        name = url.split("?")[0].rsplit("/", 1)[1]
+        with open(os.path.join(REPO, "overlord", "web", "static", name), "rb") as f:
+            assert f.read() == r.body
+    assert ui.get("/static/app.css").header("cache-control") == "no-store"
+    js = ui.get("/static/workspace.js")
+    assert js.header("content-type").startswith("text/javascript")
+    for bad in ("/static/../server.py", "/static/%2e%2e/server.py", "/static/..%2fserver.py",
+                "/static/nope.js", "/static/workspace.html"):
+        assert ui.get(bad).status in (400, 404), bad
+
+
+# -- paths, bodies, methods ------------------------------------------------------------------------------
+
+def test_bad_session_ids_are_400(ui):
+    for path in ("/api/session/..", "/api/session/%2e%2e", "/api/session/%2E%2E/meta",
+                 "/api/session/..%2f..%2fetc", "/api/session/x", "/api/chats/../events",
+                 "/api/session/20260101-000000-ABCDEF", "/api/chats/%2e%2e/events",
+                 "/api/session/20260101-000000-abcdef%00"):
+        r = ui.get(path)
+        assert r.status == 400, (path, r.status)
+        assert "error" in r.json
+    assert ui.post("/api/session/%2e%2e/commit").status == 400
+    assert ui.get(f"/api/session/{SID}").status == 404
+    assert ui.post(f"/api/chats/{SID}/message", {"message": "x"}).status == 404
+
+
+def test_unknown_routes_and_methods(ui):
+    assert ui.get("/api/nothing").status == 404
+    assert ui.get("/nothing").status == 404
+    r = ui.request("DELETE", "/api/sessions")
+    assert r.status == 405 and r.header("allow") == "GET"
+    assert ui.get(f"/api/session/{SID}/commit").status == 405
+    assert ui.request("PUT", "/api/chats", body={}).status == 405
+    assert ui.request("BREW", "/").status in (400, 405, 501)
+
+
+def test_bodies_are_capped_and_must_be_json_objects(ui):
+    big = b'{"message": "' + b"x" * (1 << 20) + b'"}'
+    r = ui.request("POST", "/api/chats", raw=big, headers={"Content-Type": "application/json"})
+    assert r.status == 413 and "error" in r.json
+    for raw in (b"{not json", b"[1, 2]", b'"text"', b"\xff\xfe"):
+        r = ui.request("POST", "/api/chats", raw=raw, headers={"Content-Type": "application/json"})
+        assert r.status == 400, raw
+    r = ui.request("PUT", "/api/settings", raw=b"", headers={"Content-Type": "application/json"})
+    assert r.status == 400
+    r = ui.request("POST", "/api/chats", raw=b"5\r\n{}\r\n0\r\n\r\n",
+                   headers={"Transfer-Encoding": "chunked"})
+    assert r.status == 411
+    r = ui.request("POST", "/api/chats", raw=b"{}", headers={"Content-Length": "abc"})
+    assert r.status == 400
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(ui):
+    conn = ui.conn()
+    try:
+        for _ in range(20):
+            r = ui.get("/api/sessions", conn=conn)
+            assert r.status == 200
+        assert ui.get("/api/nothing", conn=conn).status == 404
+        assert ui.get("/api/sessions", conn=conn).status == 200
+    finally:
+        conn.close()
+
+
+# -- sessions: register, dossier, decisions ------------------------------------------------------------
+
+def test_sessions_and_the_dossier(ui, ovl, target):
+    sid = session(ovl, target, "printf 'one\\ntwo\\n' > hello.txt; echo new > new.txt; rm sub/a.txt")
+    rows = ui.ok("GET", "/api/sessions")["sessions"]
+    assert [r["sid"] for r in rows] == [sid] and rows[0]["state"] == "pending" and not rows[0]["chat"]
+    d = ui.ok("GET", f"/api/session/{sid}")
+    assert d["meta"]["sid"] == sid and d["meta"]["target"] == str(target) and d["staged"] is True
+    changes = {c["path"]: c for c in d["changes"]}
+    assert changes["hello.txt"]["kind"] == "modified" and changes["hello.txt"]["before"] != changes["hello.txt"]["after"]
+    assert changes["sub/a.txt"]["after"] is None and changes["new.txt"]["before"] is None
+    assert changes["new.txt"]["cause"]["command"].startswith("sh -c")
+    diffs = {x["path"]: x for x in d["diffs"]}
+    assert diffs["hello.txt"]["hunks"][0]["lines"] == [["-", "hello"], ["+", "one"], ["+", "two"]]
+    assert diffs["sub/a.txt"]["removed"] == 1
+    assert d["savepoints"][0]["paths"] == 3
+    page = ui.get("/console").body.decode()
+    assert sid in page                     # the register's first paint comes from the server
+
+
+def test_commit_with_drift_is_refused_in_words_then_forced(ui, ovl, target):
+    sid = session(ovl, target, "echo mine > hello.txt")
+    (target / "hello.txt").write_text("theirs\n")
+    r = ui.post(f"/api/session/{sid}/commit")
+    assert r.status == 409
+    assert r.json["drifts"][0]["path"] == "hello.txt"
+    assert "changed outside OVERLORD" in r.json["drifts"][0]["words"] and r.json["drifts"][0]["forceable"]
+    assert (target / "hello.txt").read_text() == "theirs\n"
+    assert ui.ok("POST", f"/api/session/{sid}/commit", {"force": True})["state"] == "committed"
+    assert (target / "hello.txt").read_text() == "mine\n"
+    assert ui.post(f"/api/session/{sid}/commit").status == 409
+    assert ui.post(f"/api/session/{sid}/rollback").status == 409
+
+
+def test_rewind_fork_and_commit_by_dropping_savepoints(ui, ovl, target):
+    sid = session(ovl, target, "echo 0 > zero.txt")
+    for n in (1, 2, 3):
+        assert ovl("exec", sid, "--", "sh", "-c", f"echo {n} > f{n}.txt").returncode == 0
+    fork = ui.ok("POST", f"/api/session/{sid}/fork", {"at": 1})
+    assert fork["from"] == sid and fork["at"] == 1
+    assert {c["path"] for c in ui.ok("GET", f"/api/session/{fork['sid']}")["changes"]} == {"zero.txt", "f1.txt"}
+    assert ui.ok("POST", f"/api/session/{sid}/rewind", {"to": 2}) == {"sid": sid, "to": 2, "dropped": 1}
+    assert len(ui.ok("GET", f"/api/session/{sid}")["savepoints"]) == 3
+    for bad in ({"to": "2"}, {"to": True}, {}, {"to": 9}):
+        assert ui.post(f"/api/session/{sid}/rewind", bad).status == 400, bad
+    assert ui.post(f"/api/session/{sid}/commit", {"drop": "layer:9"}).status == 400
+    assert ui.post(f"/api/session/{sid}/commit", {"force": "yes"}).status == 400
+    done = ui.ok("POST", f"/api/session/{sid}/commit", {"drop": ["layer:1"]})
+    assert sorted(c["path"] for c in done["changes"]) == ["f2.txt", "zero.txt"]
+    assert not (target / "f1.txt").exists() and (target / "f2.txt").read_text() == "2\n"
+    assert ui.ok("POST", f"/api/session/{fork['sid']}/rollback") == {"sid": fork["sid"], "state": "rolled-back"}
+
+
+def test_blame_of_a_committed_path(ui, ovl, target):
+    sid = session(ovl, target, "printf 'a\\nb\\n' > b.txt")
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    data = ui.ok("GET", "/api/blame?" + f"path={target}/b.txt")
+    assert [line["text"] for line in data["lines"]] == ["a", "b"]
+    assert data["lines"][0]["owner"]["sid"] == sid
+    assert ui.get("/api/blame").status == 400
+    assert ui.get("/api/blame?path=/not/known/anywhere").status == 400
+
+
+# -- settings and models ---------------------------------------------------------------------------------
+
+def test_settings_round_trip_keep_profiles_and_refuse_bad_values(ui, home, target):
+    s = ui.ok("GET", "/api/settings")
+    assert s["provider"] == "anthropic" and s["folder"] == str(target)
+    assert s["sandbox"] == {"jail": True, "net": "none"}
+    assert set(s["profiles"]) == {"anthropic", "openai", "azure", "openai-compatible", "gemini"}
+    ui.ok("PUT", "/api/settings", {"provider": "openai", "profile": {
+        "model": "gpt-x", "base_url": "https://gw.example/v1", "headers": "X-Team: blue\nX-Api-Key: s3cr3t-value",
+        "knobs": {"max_tokens": "2048", "temperature": "0.5", "effort": "high", "stop": ["END"]}}})
+    ui.ok("PUT", "/api/settings", {"provider": "gemini", "profile": {"model": "gemini-x"},
+                                   "api_key": "g-key-123", "sandbox": {"jail": False, "net": "host"}})
+    s = ui.ok("GET", "/api/settings")
+    assert s["provider"] == "gemini" and s["profiles"]["gemini"]["model"] == "gemini-x"
+    openai = s["profiles"]["openai"]
+    assert openai["model"] == "gpt-x" and openai["knobs"] == {"max_tokens": 2048, "temperature": 0.5,
+                                                              "effort": "high", "stop": ["END"]}
+    assert openai["headers"]["X-Team"] == "blue" and openai["headers"]["X-Api-Key"] != "s3cr3t-value"
+    assert s["keys"]["gemini"] == "store" and "g-key-123" not in json.dumps(s)
+    assert s["sandbox"] == {"jail": False, "net": "host"}
+    # the masked value written back keeps the stored one
+    ui.ok("PUT", "/api/settings", {"provider": "openai", "profile": {"headers": openai["headers"]}})
+    stored = json.loads((home / "ui-settings.json").read_text())
+    assert stored["profiles"]["openai"]["headers"]["X-Api-Key"] == "s3cr3t-value"
+    assert stat.S_IMODE(os.stat(home / "ui-settings.json").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(home / "keys.json").st_mode) == 0o600
+    bad = [({"provider": "nope"}, "provider"),
+           ({"profile": {"base_url": "ftp://x"}}, "base_url"),
+           ({"profile": {"knobs": {"temperature": "hot"}}}, "temperature"),
+           ({"profile": {"knobs": {"max_tokens": 0}}}, "max_tokens"),
+           ({"profile": {"knobs": {"effort": "extreme"}}}, "effort"),
+           ({"profile": {"knobs": {"top_p": 2}}}, "top_p"),
+           ({"profile": {"headers": "no colon here"}}, "headers"),
+           ({"profile": {"headers": {"Bad Name": "x"}}}, "headers"),
+           ({"profile": {"model": "a\nb"}}, "model"),
+           ({"folder": "relative/path"}, "folder"),
+           ({"folder": str(target / "missing")}, "folder"),
+           ({"sandbox": {"jail": "yes"}}, "jail"),
+           ({"sandbox": {"net": "everything"}}, "net"),
+           ({"api_key": "two words"}, "api_key"),
+           ({"colour": "red"}, "colour")]
+    for body, field in bad:
+        r = ui.put("/api/settings", body)
+        assert r.status == 400 and r.json["field"] == field, (body, r.body)
+    assert ui.ok("GET", "/api/settings")["provider"] == "openai"      # nothing half-applied
+
+
+def test_models_come_from_the_endpoints_live_list(ui):
+    fake = AnthropicFake()
+    try:
+        ui.use(fake)
+        fake.queue(fake.models())
+        listed = ui.ok("GET", "/api/models?provider=anthropic")
+        assert [m["id"] for m in listed["models"]] == ["claude-test-5", "claude-test-4"]
+        assert fake.requests[-1]["headers"]["x-api-key"] == KEY
+        fake.queue(fake.models())
+        assert ui.ok("GET", f"/api/models?provider=anthropic&base_url={fake.url}")["provider"] == "anthropic"
+        assert ui.get("/api/models?provider=nope").status == 400
+        assert ui.get("/api/models?provider=anthropic&base_url=file:///etc/passwd").status == 400
+        r = ui.get("/api/models?provider=gemini")
+        assert r.status == 409 and "no key for gemini" in r.json["error"]
+        assert fake.problems == []
+    finally:
+        fake.close()
+
+
+def test_chat_routes_refuse_what_is_not_a_conversation(ui, ovl, target):
+    sid = session(ovl, target, "true")
+    assert ui.get(f"/api/chats/{sid}").status == 404
+    assert ui.get(f"/api/chats/{sid}/events").status == 404
+    assert ui.post(f"/api/chats/{sid}/message", {"message": "x"}).status == 404
+    assert ui.ok("POST", f"/api/chats/{sid}/cancel") == {"stopping": False}
+    assert ui.ok("GET", "/api/chats") == {"chats": []}
+
+
+def test_the_ui_command(home, target):
+    env = dict(os.environ, OVERLORD_HOME=str(home), PYTHONPATH=REPO)
+    help_ = subprocess.run([sys.executable, "-m", "overlord", "ui", "--help"], env=env,
+                           capture_output=True, text=True)
+    assert help_.returncode == 0 and "--port" in help_.stdout and "token" in help_.stdout
+    bad = subprocess.run([sys.executable, "-m", "overlord", "ui", "--port", "0", "--folder",
+                          str(target / "missing")], env=env, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and bad.stderr.startswith("overlord: no such folder")
+    server = UI(home, target)
+    try:
+        taken = subprocess.run([sys.executable, "-m", "overlord", "ui", "--port", str(server.port)],
+                               env=env, capture_output=True, text=True, timeout=30)
+        assert taken.returncode == 1 and "cannot listen" in taken.stderr
+    finally:
+        server.close()
