@@ -285,6 +285,9 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
             remove_tree(upper)
         remove_tree(work)
         raise
+    else:
+        if not outcome.pinned:      # overlay leaves a mode-000 dir in it: never leave that behind
+            remove_tree(work)
     finally:
         crossed = disk.stop()
         for scratch in ("merged", "root"):

@@ -154,8 +154,13 @@ class Keeper:
         if self.pack is None:
             packs = os.path.join(self.root, "packs")
             self._mkdir(packs)
+            for ext in (".pack", ".idx"):      # left by an attempt a crash undid
+                try:
+                    os.unlink(os.path.join(packs, self.name + ext))
+                except FileNotFoundError:
+                    pass
             self.pack = os.open(os.path.join(packs, self.name + ".pack"),
-                                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o400)
+                                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
         os.write(self.pack, data)
         self.index[sha] = [self.offset, len(data)]
         self.offset += len(data)
