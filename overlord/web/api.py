@@ -32,7 +32,9 @@ DRIFT_WORDS = {
 # -- sessions (the console's register and dossier, the workspace's inspector) --------------------
 
 def sessions(app, req):
-    return {"sessions": [session_row(m, app) for m in ops.sessions()]}
+    """The register: every session, newest first."""
+    metas = sorted(ops.sessions(), key=lambda m: (m.get("created") or 0, m["sid"]), reverse=True)
+    return {"sessions": [session_row(m, app) for m in metas]}
 
 
 def session_row(meta, app):

@@ -18,8 +18,8 @@ def file_diff(target, change):
     """{path, kind, layer, summary, binary, large, hunks: [{header, lines: [[tag, text]]}],
     added, removed, truncated} for one ops.diff Change."""
     out = {"path": change.path, "kind": change.kind, "layer": change.layer, "summary": None,
-           "binary": False, "large": False, "hunks": [], "added": 0, "removed": 0,
-           "truncated": False}
+           "directory": False, "binary": False, "large": False, "hunks": [], "added": 0,
+           "removed": 0, "truncated": False}
     entry = change.entry
     new_kind = entry.kind if entry.kind not in ("whiteout", "invalid") else None
     old_st = change.real
@@ -28,6 +28,7 @@ def file_diff(target, change):
         out["summary"] = "an invalid whiteout: commit will refuse it"
         return out
     if new_kind == "dir" or (new_kind is None and old_kind == "dir"):
+        out["directory"] = True
         out["summary"] = {"added": "directory added", "deleted": "directory deleted",
                           "replaced-dir": "directory replaced: its old contents go",
                           "modified": "directory metadata changed"}.get(change.kind, "directory")
@@ -36,8 +37,9 @@ def file_diff(target, change):
         old = _link(os.path.join(target, change.path)) if old_kind == "symlink" else None
         new = _link(entry.src) if new_kind == "symlink" else None
         out["summary"] = " ".join(x for x in (
-            f"symlink -> {old}" if old is not None else None, "becomes" if old is not None and new is not None else None,
-            f"symlink -> {new}" if new is not None else None) if x)
+            f"symlink \u2192 {old}" if old is not None else None,
+            "becomes" if old is not None and new is not None else None,
+            f"symlink \u2192 {new}" if new is not None else None) if x)
         if old_kind not in (None, "symlink") or new_kind not in (None, "symlink"):
             out["summary"] += f" (was a {old_kind or 'nothing'}, now a {new_kind or 'nothing'})"
         return out
@@ -51,12 +53,12 @@ def file_diff(target, change):
         return out
     if isinstance(old, int) or isinstance(new, int):
         out["large"] = True
-        out["summary"] = f"large file: {_size(old)} -> {_size(new)}"
+        out["summary"] = f"large file, not compared: {_sizes(change.kind, old, new)}"
         return out
     old_text, new_text = _text(old), _text(new)
     if old_text is None or new_text is None:
         out["binary"] = True
-        out["summary"] = f"binary file: {_size(len(old))} -> {_size(len(new))}"
+        out["summary"] = f"binary file: {_sizes(change.kind, old, new)}"
         return out
     if old_text == new_text:
         out["summary"] = "metadata only (mode or owner)" if change.kind == "modified" else \
@@ -144,6 +146,14 @@ def _text(data):
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def _sizes(kind, old, new):
+    if kind == "added":
+        return _size(new)
+    if kind == "deleted":
+        return f"{_size(old)} removed"
+    return f"{_size(old)} \u2192 {_size(new)}"
 
 
 def _size(n):

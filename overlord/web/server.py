@@ -156,7 +156,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if handler == "workspace":
             return self.page(200, "workspace.html")
         if handler == "console":
-            rows = [api.session_row(m, self.app) for m in ops.sessions()]
+            rows = api.sessions(self.app, None)["sessions"]
             return self.page(200, "console.html", register=self.app.pages.register_rows(rows),
                              count=len(rows))
         req = Request(self.command, segments, query, body, principal)

@@ -84,7 +84,7 @@
       section(1, "Grant envelope", envelope(d)),
       section(2, "Manifest", manifest(d)),
       section(3, "Savepoint chain", chain(d)),
-      staged ? section(4, "Per-file diff", d.diffs.length ? d.diffs.map((x, i) => fileDiff(x, `diff-${i}`)) :
+      staged ? section(4, "Per-file diff", d.diffs.length ? d.diffs.filter((x) => !x.directory).map((x, i) => fileDiff(x, `diff-${i}`)) :
         h("p", {class: "muted"}, "No changes.")) :
         section(4, "Per-file diff", h("p", {class: "muted"}, m.state === "committed"
           ? "The change is in the folder now; open a path's blame sheet to see who wrote each line."

@@ -279,9 +279,9 @@
     clear(note);
     note.hidden = !closed;
     if (closed) {
-      note.append(chat.state === "committed"
+      OV.append(note, [chat.state === "committed"
         ? ["This conversation was committed. ", h("a", {href: `/console#${chat.sid}`}, "Open its dossier in the console"), "."]
-        : "This conversation was discarded; your folder was left exactly as it was.");
+        : "This conversation was discarded; your folder was left exactly as it was."]);
     }
   }
 
@@ -294,6 +294,7 @@
     $("stop").textContent = "Stop";
     $("decide").classList.toggle("busy", running);
     for (const id of ["commit", "discard"]) $(id).disabled = running;
+    if (!running && state.session && !state.session.changes.length) $("commit").disabled = true;
   }
 
   /* -- sending ----------------------------------------------------------------------------------- */
@@ -356,10 +357,13 @@
     state.inspectorTimer = setTimeout(refreshInspector, ms);
   }
 
+  let inspectorSeq = 0;
+
   async function refreshInspector() {
     const sid = state.sid;
-    const files = clear($("file-list")), diffs = clear($("diffs")), steps = clear($("steps"));
+    const seq = ++inspectorSeq;
     if (!sid) {
+      for (const id of ["file-list", "diffs", "steps"]) clear($(id));
       state.session = null;
       $("inspector-empty").hidden = false;
       $("steps-section").hidden = true;
@@ -370,8 +374,9 @@
     }
     let d;
     try { d = await api("GET", `/api/session/${sid}`); } catch (e) { return; }
-    if (sid !== state.sid) return;
+    if (sid !== state.sid || seq !== inspectorSeq) return;     // a later refresh is under way
     state.session = d;
+    const files = clear($("file-list")), diffs = clear($("diffs")), steps = clear($("steps"));
     const changes = d.changes;
     setCount(changes.length);
     const pill = $("session-state");
@@ -386,13 +391,14 @@
     changes.forEach((c) => {
       const found = byPath.get(c.path);
       files.append(h("li", {class: "file-row"}, kindBadge(c.kind),
+        found && found[0].directory ? h("span", {class: "dir-path", title: c.path}, h("bdi", {}, `${c.path}/`)) :
         h("a", {href: `#diff-${found ? found[1] : ""}`, title: c.path, onclick: (e) => {
           e.preventDefault();
           const target = found && $(`diff-${found[1]}`);
           if (target) { target.open = true; target.scrollIntoView({block: "start", behavior: "smooth"}); }
         }}, h("bdi", {}, c.path)), found ? delta(found[0]) : null));
     });
-    d.diffs.forEach((x, i) => diffs.append(fileDiff(x, `diff-${i}`)));
+    d.diffs.forEach((x, i) => { if (!x.directory) diffs.append(fileDiff(x, `diff-${i}`)); });
     const points = d.savepoints.filter((p) => !(p.cause && p.cause.event === "open" && !p.paths));
     $("steps-section").hidden = !points.length;
     for (const p of points) {
@@ -415,7 +421,7 @@
     clear(decided);
     decided.className = "decided";
     const open = d.staged;
-    $("decide-row").hidden = !open || !d.changes.length;
+    $("decide-row").hidden = !open;
     $("confirm-discard").hidden = true;
     if (!open) $("refusal").hidden = true;
     decided.hidden = open;
@@ -425,8 +431,8 @@
       decided.classList.add("voided");
       decided.append("Discarded. Your folder was left exactly as it was.");
     }
-    if (open && !d.changes.length) $("decide").hidden = true;
     for (const id of ["commit", "discard"]) $(id).disabled = state.running;
+    if (!d.changes.length) $("commit").disabled = true;
   }
 
   async function commit(force) {
@@ -511,7 +517,7 @@
   function fillProfile() {
     const p = edit.profiles[edit.provider];
     $("s-base-url").value = p.base_url || "";
-    $("s-headers").value = Object.entries(p.headers || {}).map(([k, v]) => `${k}: ${v}`).join("\n");
+    $("s-headers").value = headerText(p.headers);
     $("s-system").value = p.system || "";
     $("s-key").value = "";
     const src = edit.data.keys[edit.provider];
@@ -524,6 +530,12 @@
     }
     modelOptions(edit.models[edit.provider] || [], p.model);
     $("s-model-typed").value = "";
+  }
+
+  /* headers as typed ("Name: value" lines); the server parses and checks them */
+  function headerText(headers) {
+    if (typeof headers === "string") return headers;
+    return Object.entries(headers || {}).map(([k, v]) => `${k}: ${v}`).join("\n");
   }
 
   function modelOptions(list, current) {
@@ -549,8 +561,7 @@
     }
     const next = {model: typed || $("s-model").value, base_url: $("s-base-url").value.trim(),
                   headers: $("s-headers").value, system: $("s-system").value, knobs};
-    const before = JSON.stringify([p.model, p.base_url, p.system, p.knobs,
-      Object.entries(p.headers || {}).map(([k, v]) => `${k}: ${v}`).join("\n")]);
+    const before = JSON.stringify([p.model, p.base_url, p.system, p.knobs, headerText(p.headers)]);
     const after = JSON.stringify([next.model, next.base_url, next.system, next.knobs, next.headers]);
     if (before !== after) edit.dirty.add(edit.provider);
     edit.profiles[edit.provider] = Object.assign({}, p, next);
