@@ -5,6 +5,9 @@ overlord.ops and nothing below it. Errors are OverlordError (their http_status: 
 malformed request, 404 for what does not exist, 409 for a refusal) or settings.Invalid (400,
 naming the field).
 """
+import json
+import threading
+
 from overlord import ops
 from overlord.errors import OverlordError, UsageError
 from overlord.web import diffs
@@ -47,7 +50,69 @@ def session_row(meta, app):
             "grants": meta.get("grants")}
 
 
+class Encoded(bytes):
+    """A JSON body already encoded (shared by the requests one computation answered)."""
+
+
+class Coalesce:
+    """Requests for the same thing share one computation -- one that started after each of
+    them arrived, so no answer is older than its request (like a group commit). Under load,
+    fifty pages asking for the same dossier cost one or two computations, not fifty."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._state = {}          # key -> [the running slot, the queued slot or None]
+
+    def run(self, key, compute):
+        with self._lock:
+            running, queued = self._state.get(key, (None, None))
+            if running is None:
+                slot, role = _Slot(), "run"
+                self._state[key] = [slot, None]
+            elif queued is None:
+                slot, role = _Slot(), "queue"
+                self._state[key][1] = slot
+            else:
+                slot, role = queued, "wait"
+        if role == "wait":
+            return slot.get()
+        if role == "queue":
+            running.done.wait()
+            with self._lock:
+                self._state[key] = [slot, None]
+        try:
+            slot.value = compute()
+        except BaseException as exc:  # noqa: BLE001 - handed to every request that shared it
+            slot.error = exc
+        finally:
+            with self._lock:
+                state = self._state.get(key)
+                if state is not None and state[0] is slot and state[1] is None:
+                    del self._state[key]
+            slot.done.set()
+        return slot.get()
+
+
+class _Slot:
+    def __init__(self):
+        self.done, self.value, self.error = threading.Event(), None, None
+
+    def get(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+_dossiers = Coalesce()
+
+
 def session(app, req, sid):
+    """The dossier, encoded; concurrent requests for one session share the work."""
+    return _dossiers.run(sid, lambda: Encoded(json.dumps(dossier(app, sid), ensure_ascii=False).encode()))
+
+
+def dossier(app, sid):
     """The dossier: meta, the manifest (changes with before -> after hashes and causes), the
     savepoint chain and, while the change is staged, a unified diff per file."""
     meta = ops.get_session(sid).meta

@@ -70,7 +70,7 @@ def file_diff(target, change):
 
 def _hunks(out, a, b):
     budget = MAX_LINES
-    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(CONTEXT):
+    for group in grouped(opcodes(a, b), CONTEXT):
         first, last = group[0], group[-1]
         header = (f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@")
         lines = []
@@ -92,6 +92,52 @@ def _hunks(out, a, b):
             out["truncated"] = True
         budget -= len(lines)
         out["hunks"].append({"header": header, "lines": lines})
+
+
+def opcodes(a, b):
+    """difflib's opcodes, with the common head and tail set aside first: a change of a few
+    lines in a long file costs the few lines, not the file."""
+    n = min(len(a), len(b))
+    head = 0
+    while head < n and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < n - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    ops = [("equal", 0, head, 0, head)] if head else []
+    mid_a, mid_b = a[head:len(a) - tail], b[head:len(b) - tail]
+    if mid_a and mid_b:
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False).get_opcodes():
+            ops.append((tag, i1 + head, i2 + head, j1 + head, j2 + head))
+    elif mid_a:
+        ops.append(("delete", head, len(a) - tail, head, head))
+    elif mid_b:
+        ops.append(("insert", head, head, head, len(b) - tail))
+    if tail:
+        ops.append(("equal", len(a) - tail, len(a), len(b) - tail, len(b)))
+    return ops
+
+
+def grouped(ops, n):
+    """Opcodes in hunks with n lines of context (as difflib.SequenceMatcher.get_grouped_opcodes)."""
+    if not ops:
+        return
+    if ops[0][0] == "equal":
+        tag, i1, i2, j1, j2 = ops[0]
+        ops[0] = tag, max(i1, i2 - n), i2, max(j1, j2 - n), j2
+    if ops[-1][0] == "equal":
+        tag, i1, i2, j1, j2 = ops[-1]
+        ops[-1] = tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)
+    group = []
+    for tag, i1, i2, j1, j2 in ops:
+        if tag == "equal" and i2 - i1 > 2 * n:
+            group.append((tag, i1, min(i2, i1 + n), j1, min(j2, j1 + n)))
+            yield group
+            group = []
+            i1, j1 = max(i1, i2 - n), max(j1, j2 - n)
+        group.append((tag, i1, i2, j1, j2))
+    if group and not (len(group) == 1 and group[0][0] == "equal"):
+        yield group
 
 
 def _range(start, stop):

@@ -287,6 +287,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_json(status, data)
 
     def send_json(self, status, data):
+        if isinstance(data, api.Encoded):
+            self.start(status, [])
+            return self.finish_body(data, "application/json; charset=utf-8")
         extra = []
         if isinstance(data, dict) and "allow" in data:
             extra.append(("Allow", ", ".join(data.pop("allow"))))
