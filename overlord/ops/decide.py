@@ -37,7 +37,8 @@ def commit(sid, force=False, merge=False, only=(), drop=()):
     with locks.TargetLock(session.target):
         view = session.view(chosen)
         plan = C.plan(view, session.target)
-        drifts = K.check_drift(session, view)
+        records = session.provenance()
+        drifts = K.check_drift(session, view, records)
         merged = {}
         if drifts and merge:
             hard = [d for d in drifts if not d.forceable]
@@ -47,7 +48,6 @@ def commit(sid, force=False, merge=False, only=(), drop=()):
         K.refuse_if_drift(drifts, force)
         session.drop_flat()          # its hard links would keep files from moving into place
         keeper = objects.Keeper(sid)
-        records = store.read_jsonl(session.path("provenance.jsonl"))
 
         def done(bfd, steps):
             """The tree is committed and the journal says so: record it before the journal

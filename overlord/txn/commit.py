@@ -25,7 +25,7 @@ class Drift:
         return f"{self.reason}: {self.path}"
 
 
-def check_drift(session, view):
+def check_drift(session, view, records=None):
     """Every way the real tree moved under the session, on every path replay would touch.
 
     Evidence: the kernel's ctime (no process can set it) against the open stamp, plus the
@@ -33,7 +33,7 @@ def check_drift(session, view):
     contains changes is only checked for type: unrelated files may come and go beside them.
     """
     stamp = session.meta["open_stamp_ns"]
-    base = session.base()
+    base = session.base(records)
     restored = session.restored()
     drifts = []
     fds = DirFds(session.target)

@@ -114,7 +114,7 @@ class Journal:
 
     def save(self):
         os.makedirs(journal_dir(), mode=0o700, exist_ok=True)
-        store.write_json_atomic(journal_path(self.sid), self.data)
+        store.write_json_atomic(journal_path(self.sid), self.data, sort_keys=False)
         _fsync_dir(journal_dir())
 
     def finish(self):

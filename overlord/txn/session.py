@@ -228,10 +228,13 @@ class Session:
         except FileNotFoundError:
             return {}
 
-    def base(self):
+    def provenance(self):
+        return store.read_jsonl(self.path("provenance.jsonl"))
+
+    def base(self, records=None):
         """{path: fingerprint or None} of every path first seen through to the real tree."""
         out = {}
-        for rec in store.read_jsonl(self.path("provenance.jsonl")):
+        for rec in self.provenance() if records is None else records:
             if "base" in rec and rec["path"] not in out:
                 out[rec["path"]] = rec["base"]
         return out

@@ -54,13 +54,13 @@ def session_dir(sid):
     return os.path.join(sessions_dir(), check_sid(sid))
 
 
-def write_json_atomic(path, data, mode=0o600):
+def write_json_atomic(path, data, mode=0o600, sort_keys=True):
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "w") as f:
             # dumps, not dump: dump streams through the slow pure-Python encoder
-            f.write(json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n")
+            f.write(json.dumps(data, sort_keys=sort_keys, separators=(",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
