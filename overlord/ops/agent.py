@@ -222,7 +222,7 @@ def _check_backend(mod, jail, net):
     if mod.NAME == "kernel":
         return
     if jail:
-        ok, why = backends.get("kernel").probe()
+        ok, why = backends.probe("kernel")     # pinned in a threaded server (web)
         which = f"which is unavailable here ({why})" if not ok else f"not the {mod.NAME} backend"
         raise OverlordError(f"the agent runs jailed, and the jail needs the kernel backend, {which}; "
                             "pass --no-jail to run it in the transaction without the jail")
