@@ -74,6 +74,7 @@ def _keep_record(session, chosen, keeper, bfd, steps, after, records):
     try:
         before = retain.replaced(keeper, bfd, steps)
         retain.layer_versions(keeper, session, chosen, records)
+        retain.base_copies(keeper, session)
         keeper.finish()
     except OSError:
         pass

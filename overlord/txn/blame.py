@@ -15,6 +15,7 @@ import stat
 
 from overlord.errors import OverlordError, UsageError
 from overlord.txn import objects, retain, store
+from overlord.txn.session import Session
 
 ORIGIN, DRIFT, UNKNOWN = "origin", "drift", "unknown"
 
@@ -122,7 +123,6 @@ def blame(path, metas=None):
 
 def _merged(chain, meta, rel):
     """A merged commit wrote bytes no layer had: the lines it took from outside edits."""
-    from overlord.txn.session import Session
     record = retain.load(Session(meta)) or {}
     state = (record.get("paths", {}).get(rel) or {}).get("after") or {}
     if state.get("sha") and state["sha"] != chain.sha:

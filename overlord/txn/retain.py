@@ -131,3 +131,17 @@ def load(session):
             return json.load(f)
     except FileNotFoundError:
         return None
+
+
+def base_copies(keeper, session):
+    """With --merge-base the session kept the bytes it first saw; a merged commit replaced
+    something else (the outside edit), so these are the only copy of that first version."""
+    try:
+        fd = os.open(session.path("base"), READ_DIR)
+    except FileNotFoundError:
+        return
+    try:
+        for name in os.listdir(fd):
+            keeper.take_at(fd, name)
+    finally:
+        os.close(fd)

@@ -76,8 +76,7 @@ def _differs(fds, path, after, before, paths):
             return "it points elsewhere since"
     if kind == "dir" and before is None:
         # a directory the commit created goes away whole: only if nothing new is inside
-        fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     dir_fd=fds.get(""))
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fds.get(path))
         try:
             foreign = [n for n in os.listdir(fd) if (f"{path}/{n}" if path else n) not in paths]
         finally:

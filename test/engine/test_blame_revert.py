@@ -235,3 +235,13 @@ def test_a_pinned_fuse_mount_is_recorded_on_the_savepoint(home, target, monkeypa
     doctor = subprocess.run(["python3", "-m", "overlord", "doctor"], capture_output=True, text=True,
                             env=dict(os.environ, OVERLORD_HOME=str(home)))
     assert f"coarser savepoints in {sid}" in doctor.stdout
+
+
+def test_blame_after_a_merged_commit_marks_the_outside_lines_drift(ovl, target):
+    f = target / "m.txt"
+    f.write_text("a\nb\nc\nd\ne\n")
+    sid, _ = ovl.run(target, "sed", "-i", "s/^a$/A/", "m.txt", flags=("--merge-base",))
+    f.write_text("a\nb\nc\nd\nE\n")                       # an outside edit, far from ours
+    ovl("commit", sid, "--merge", check=0)
+    assert f.read_text() == "A\nb\nc\nd\nE\n"
+    assert owners(ovl, f) == [(sid, 0), "origin", "origin", "origin", "drift"]
