@@ -133,7 +133,7 @@ class Chats:
         threading.Thread(target=work, name="overlord-chat", daemon=True).start()
         opened.wait(START_WAIT)
         if box.get("error") and not box.get("recorded"):
-            raise box["error"]
+            raise in_settings_words(box["error"])
         if "channel" not in box:
             raise OverlordError("the session did not open in time")
         return {"sid": box["channel"].sid}
@@ -262,6 +262,23 @@ class Chats:
                     if name == "record" and data["i"] < seen:
                         continue          # already in the snapshot
                     yield name, data
+
+
+# The engine's refusals name CLI flags; here the same grants are switches in Settings.
+FLAG_WORDS = (("pass --no-jail to run it in the transaction without the jail",
+               "turn off \"Jail the agent's tools\" in Settings to run it in the transaction "
+               "without the jail"),
+              ("pass --net host as well", "set the tools' network to host in Settings as well"),
+              ("--net none", "an offline network"))
+
+
+def in_settings_words(exc):
+    text = str(exc)
+    for flag, words in FLAG_WORDS:
+        text = text.replace(flag, words)
+    if text == str(exc):
+        return exc
+    return type(exc)(text, http_status=exc.http_status)
 
 
 def _chat_session(sid):

@@ -158,7 +158,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if handler == "console":
             rows = api.sessions(self.app, None)["sessions"]
             return self.page(200, "console.html", register=self.app.pages.register_rows(rows),
-                             count=len(rows))
+                             count=f"{len(rows)} session{'' if len(rows) == 1 else 's'}")
         req = Request(self.command, segments, query, body, principal)
         if handler == "events":
             return Stream(self.app.chats.stream(sid, alive=lambda: not self.app.closing.is_set()))
@@ -192,7 +192,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return tuple(segments), query
 
     def find(self, segments):
-        allowed, sid = [], None
+        allowed = []
         for (method, pattern), handler in ROUTES.items():
             if len(pattern) != len(segments):
                 continue

@@ -55,6 +55,7 @@ def test_a_conversation_streams_runs_jailed_tools_and_commits(ui, fake, target):
     # the session ran jailed and offline, as Settings said; nothing is on disk yet
     meta = ui.ok("GET", f"/api/session/{sid}")
     assert meta["meta"]["grants"]["jail"] is True and meta["meta"]["grants"]["net"] == "none"
+    assert meta["meta"]["backend"] == "kernel"
     assert meta["agent"]["model"] == fake.MODEL and meta["agent"]["provider"] == "anthropic"
     assert tree(target) == before
     paths = {d["path"]: d for d in meta["diffs"]}
@@ -302,3 +303,31 @@ def _ppid(pid):
     except OSError:
         return None
     return int(stat[stat.rindex(b")") + 2:].split()[1])
+
+
+def test_sandbox_grants_from_settings_and_refusals_in_settings_words(home, target, fake):
+    ui = UI(home, target)
+    try:
+        ui.use(fake)
+        ui.ok("PUT", "/api/settings", {"sandbox": {"jail": False, "net": "host"}})
+        fake.queue(fake.turn(calls=[("shell", {"command": "test -d /proc/1 && echo unjailed"})]),
+                   fake.turn(text="ok"))
+        sid = start(ui)
+        events = ui.wait_idle(sid)
+        grants = ui.ok("GET", f"/api/session/{sid}")["meta"]["grants"]
+        assert grants["jail"] is False and grants["net"] == "host"
+        assert records(events, "tool_result")[0]["exit_code"] == 0
+        ui.ok("POST", f"/api/session/{sid}/rollback")
+    finally:
+        ui.close()
+    fuse = UI(home, target, env={"OVERLORD_TEST_BACKEND": "fuse"})
+    try:
+        from overlord.sandbox import backends
+        if not backends.get("fuse").probe()[0]:
+            pytest.skip("the fuse backend is unavailable here")
+        fuse.ok("PUT", "/api/settings", {"sandbox": {"jail": True, "net": "none"}})
+        r = fuse.post("/api/chats", {"message": "hi"})
+        assert r.status == 409, r.body
+        assert "Jail the agent's tools" in r.json["error"] and "--no-jail" not in r.json["error"]
+    finally:
+        fuse.close()

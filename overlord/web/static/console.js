@@ -33,7 +33,7 @@
             h("span", {class: "reg-target mono"}, s.target || "")),
           h("span", {class: "reg-when"}, stamp))));
     }
-    $("register-count").textContent = list.length;
+    $("register-count").textContent = `${list.length} session${list.length === 1 ? "" : "s"}`;
     if (current) mark(current);
   }
 
@@ -139,7 +139,7 @@
     const staged = d.staged && !d.running;
     const table = h("table", {class: "ledger chain"},
       h("thead", {}, h("tr", {}, staged ? h("th", {}, "Keep") : null, h("th", {}, "@"), h("th", {}, "Cause"),
-        h("th", {}, "Paths"), staged ? h("th", {class: "actions"}, "") : null)),
+        h("th", {}, "Changed"), staged ? h("th", {class: "actions"}, "") : null)),
       h("tbody", {}, points.map((p) => {
         const keep = staged ? h("input", {type: "checkbox", checked: true, "aria-label": `keep savepoint @${p.n}`,
           dataset: {n: p.n}, onchange: (e) => { row.classList.toggle("dropped", !e.target.checked); keptNote(); }}) : null;
@@ -147,7 +147,7 @@
           staged ? h("td", {}, keep) : null,
           h("td", {class: "hash"}, `@${p.n}`),
           h("td", {class: "cause"}, causeText(p.cause), p.coarse ? ` (+${p.causes.length - 1} more causes)` : ""),
-          h("td", {}, String(p.paths)),
+          h("td", {}, `${p.paths} path${p.paths === 1 ? "" : "s"}`),
           staged ? h("td", {class: "actions"},
             twoStep("Rewind here", "Confirm rewind", () => rewind(p.n), p.n === points.length - 1),
             h("button", {class: "button ghost small", type: "button", onclick: () => fork(p.n)}, "Fork here")) : null);
