@@ -92,7 +92,7 @@ class Chats:
         ch = self.channel(sid)
         with ch.cond:
             records = ops.transcript(sid)
-            partial = dict(ch.partial) if ch.run else None
+            partial = _partial(ch, records)
         return {"chat": self.summary(session.meta), "records": views(records), "partial": partial}
 
     # -- starting, continuing, stopping ---------------------------------------------------------
@@ -238,7 +238,7 @@ class Chats:
                 records = ops.transcript(sid)
                 seen, pos = len(records), ch.end
                 running = ch.run is not None
-                partial = dict(ch.partial) if running else None
+                partial = _partial(ch, records)
                 last = ch.last
             meta = ops.get_session(sid).meta
             yield "snapshot", {"chat": self.summary(meta), "records": views(records),
@@ -279,6 +279,15 @@ def in_settings_words(exc):
     if text == str(exc):
         return exc
     return type(exc)(text, http_status=exc.http_status)
+
+
+def _partial(ch, records):
+    """With the lock held: the text streamed so far in the turn under way, or None. A reply
+    already on disk but not yet published (its event is waiting for this lock) ends the turn:
+    its text is in the records, not partial any more."""
+    if ch.run is None or any(r.get("type") == "assistant" for r in records[ch.count:]):
+        return None
+    return dict(ch.partial)
 
 
 def _chat_session(sid):

@@ -84,6 +84,12 @@ class Server(http.server.ThreadingHTTPServer):
         self.app = app
         super().__init__(address, Handler)
 
+    def handle_error(self, request, client_address):
+        """A browser dropping a keep-alive connection is not an error worth a traceback."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -124,6 +130,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_json(exc.http_status, body)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
+        except OSError as exc:
+            # a session's files moved while they were read (a command sealing, a commit)
+            where = f" ({exc.filename})" if exc.filename else ""
+            self.send_json(503, {"error": f"the session changed while it was read: "
+                                          f"{exc.strerror or exc}{where}; try again"})
         except Exception:  # noqa: BLE001 - a bug is logged and answered, never a dropped socket
             traceback.print_exc()
             self.send_json(500, {"error": "internal error (the server's log has the details)"})

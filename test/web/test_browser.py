@@ -261,6 +261,28 @@ def test_discard_leaves_the_folder_byte_identical(ui, fake, target, pages):
     expect(page.locator("#composer-note")).to_contain_text("discarded")
 
 
+def test_the_inspector_explains_a_drift_refusal_and_can_commit_anyway(ui, fake, target, pages):
+    project(target)
+    ui.use(fake)
+    demo(fake)
+    page = pages()
+    open_workspace(page, ui)
+    page.fill("#prompt", "go")
+    page.click("#send")
+    expect(page.locator(".note.done")).to_be_visible()
+    (target / "app.py").write_text("edited by hand meanwhile\n")
+    pages.allowed.append("status of 409")
+    page.click("#commit")
+    refusal = page.locator("#refusal")
+    expect(refusal).to_contain_text("Commit refused. Nothing was written.")
+    expect(refusal).to_contain_text("app.py was changed outside OVERLORD after this session began")
+    assert (target / "app.py").read_text() == "edited by hand meanwhile\n"
+    assert not (target / "test_app.py").exists()
+    refusal.get_by_role("button", name="Commit anyway").click()
+    expect(page.locator("#decided")).to_contain_text("Committed")
+    assert "shout=False" in (target / "app.py").read_text()
+
+
 def test_model_text_renders_inert_and_markdown_safely(ui, fake, pages):
     ui.use(fake)
     fake.queue(fake.turn(text=(

@@ -373,7 +373,11 @@
       return;
     }
     let d;
-    try { d = await api("GET", `/api/session/${sid}`); } catch (e) { return; }
+    try { d = await api("GET", `/api/session/${sid}`); }
+    catch (e) {
+      if (seq === inspectorSeq && e.status >= 500) laterInspector(800);   // read mid-change: again
+      return;
+    }
     if (sid !== state.sid || seq !== inspectorSeq) return;     // a later refresh is under way
     state.session = d;
     const files = clear($("file-list")), diffs = clear($("diffs")), steps = clear($("steps"));
@@ -557,7 +561,8 @@
     for (const el of KNOB_IDS) {
       const v = el.value.trim();
       if (!v) continue;
-      knobs[el.dataset.knob] = el.dataset.knob === "stop" ? v.split("\n").map((x) => x.trim()).filter(Boolean) : v;
+      knobs[el.dataset.knob] = el.dataset.knob === "stop" ? v.split("\n").map((x) => x.trim()).filter(Boolean)
+        : el.dataset.bool ? v === "true" : v;
     }
     const next = {model: typed || $("s-model").value, base_url: $("s-base-url").value.trim(),
                   headers: $("s-headers").value, system: $("s-system").value, knobs};
@@ -596,7 +601,8 @@
   const FIELD_IDS = {provider: "s-provider", model: "s-model", base_url: "s-base-url", headers: "s-headers",
                      api_key: "s-key", system: "s-system", folder: "s-folder", jail: "s-jail", net: "s-net",
                      max_tokens: "s-max-tokens", temperature: "s-temperature", top_p: "s-top-p",
-                     effort: "s-effort", thinking: "s-thinking", api: "s-api", stop: "s-stop"};
+                     effort: "s-effort", thinking: "s-thinking", api: "s-api", stop: "s-stop",
+                     stream: "s-stream", fallbacks: "s-fallbacks", azure_api_version: "s-azure-version"};
 
   function fieldError(field, message) {
     const slot = dialog.querySelector(`.field-error[data-for="${field}"]`) ||
