@@ -3,7 +3,8 @@ fast a streamed token reaches the browser.
 
     python3 bench/bench_web.py [--clients 50] [--requests 40] [--runs 20] [--json]
 
-1. GET /api/sessions: p50 / p99 with N concurrent keep-alive clients (a register of 30 sessions).
+1. GET /api/sessions: p50 / p99 with N concurrent keep-alive clients (a register of 30 sessions),
+   and with one client for reference.
 2. GET /api/session/<sid>, the diff view (dossier and inspector) of a 200-file change (each file
    of 60 lines with one line changed): p50 / p99 with the same N clients.
 3. Time to first token: a conversation against a fake Anthropic endpoint on loopback; the fake
@@ -242,6 +243,8 @@ def main():
         body = len(json.dumps(view))
         results = {
             "machine": machine(),
+            "sessions_one_client": load(server, "/api/sessions", 1, args.requests),
+            "diff_view_one_client": load(server, f"/api/session/{sid}", 1, args.requests),
             "sessions": load(server, "/api/sessions", args.clients, args.requests),
             "diff_view": dict(load(server, f"/api/session/{sid}", args.clients, max(4, args.requests // 4)),
                               bytes=body),
@@ -256,7 +259,10 @@ def main():
         print(json.dumps(results, indent=1))
         return
     s, d, f = results["sessions"], results["diff_view"], results["first_token"]
-    print(f"machine: {results['machine']}; {args.clients} keep-alive clients")
+    s1, d1 = results["sessions_one_client"], results["diff_view_one_client"]
+    print(f"machine: {results['machine']}")
+    print(f"one client: GET /api/sessions p50 {s1['p50_ms']:.2f} ms, diff view p50 {d1['p50_ms']:.2f} ms")
+    print(f"{args.clients} keep-alive clients:")
     print(f"GET /api/sessions (30 sessions)   p50 {s['p50_ms']:7.2f} ms  p99 {s['p99_ms']:7.2f} ms  "
           f"({s['requests_per_s']} req/s)")
     print(f"diff view, 200-file change        p50 {d['p50_ms']:7.2f} ms  p99 {d['p99_ms']:7.2f} ms  "

@@ -35,9 +35,15 @@ DRIFT_WORDS = {
 # -- sessions (the console's register and dossier, the workspace's inspector) --------------------
 
 def sessions(app, req):
-    """The register: every session, newest first."""
-    metas = sorted(ops.sessions(), key=lambda m: (m.get("created") or 0, m["sid"]), reverse=True)
-    return {"sessions": [session_row(m, app) for m in metas]}
+    return {"sessions": register(app)}
+
+
+def register(app):
+    """The register: every session, newest first (concurrent requests share the reading)."""
+    def read():
+        metas = sorted(ops.sessions(), key=lambda m: (m.get("created") or 0, m["sid"]), reverse=True)
+        return [session_row(m, app) for m in metas]
+    return _shared.run(("register",), read)
 
 
 def session_row(meta, app):
@@ -104,12 +110,13 @@ class _Slot:
         return self.value
 
 
-_dossiers = Coalesce()
+_shared = Coalesce()
 
 
 def session(app, req, sid):
     """The dossier, encoded; concurrent requests for one session share the work."""
-    return _dossiers.run(sid, lambda: Encoded(json.dumps(dossier(app, sid), ensure_ascii=False).encode()))
+    return _shared.run(("dossier", sid),
+                       lambda: Encoded(json.dumps(dossier(app, sid), ensure_ascii=False).encode()))
 
 
 def dossier(app, sid):
