@@ -323,11 +323,24 @@ def test_sandbox_grants_from_settings_and_refusals_in_settings_words(home, targe
     fuse = UI(home, target, env={"OVERLORD_TEST_BACKEND": "fuse"})
     try:
         from overlord.sandbox import backends
-        if not backends.get("fuse").probe()[0]:
-            pytest.skip("the fuse backend is unavailable here")
+        ok, why = backends.get("fuse").probe()
+        if not ok:
+            if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
+                pytest.fail(f"fuse backend unavailable on a host that must have it: {why}")
+            pytest.skip(f"fuse backend unavailable here: {why}")
         fuse.ok("PUT", "/api/settings", {"sandbox": {"jail": True, "net": "none"}})
         r = fuse.post("/api/chats", {"message": "hi"})
         assert r.status == 409, r.body
         assert "Jail the agent's tools" in r.json["error"] and "--no-jail" not in r.json["error"]
+        # unjailed, with the host's network, the fuse backend serves a conversation too
+        fuse.use(fake)
+        fuse.ok("PUT", "/api/settings", {"sandbox": {"jail": False, "net": "host"}})
+        fake.queue(fake.turn(calls=[WRITE]), fake.turn(text="ok"))
+        sid = start(fuse)
+        assert records(fuse.wait_idle(sid), "done")[-1]["reason"] == "end_turn"
+        detail = fuse.ok("GET", f"/api/session/{sid}")
+        assert detail["meta"]["backend"] == "fuse"
+        assert "notes/plan.md" in {d["path"] for d in detail["diffs"]}
+        fuse.ok("POST", f"/api/session/{sid}/rollback")
     finally:
         fuse.close()
