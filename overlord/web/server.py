@@ -104,8 +104,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
-        # headers and body leave in separate writes: without this, Nagle's algorithm holds the
-        # body back until the client's delayed ACK (40 ms a request on a keep-alive connection)
+        # an answer, or an event of a stream, leaves at once: with Nagle's algorithm a second
+        # small write waits for the client's delayed ACK (40 ms, on a keep-alive connection)
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def version_string(self):
