@@ -80,15 +80,36 @@ def backend_params():
     return [forced] if forced else ["kernel", "fuse"]
 
 
+def require_backend(name):
+    """Skip when this host truly lacks the backend; with OVERLORD_REQUIRE_BACKENDS set (CI)
+    that is a failure instead."""
+    from overlord.sandbox import backends
+    ok, why = backends.get(name).probe()
+    if not ok:
+        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
+            pytest.fail(f"{name} backend unavailable on a host that must have it: {why}")
+        pytest.skip(f"{name} backend unavailable here: {why}")
+
+
+def tree(root):
+    """{relative path: bytes} of a directory, to prove a tree was not touched."""
+    out = {}
+    for base, dirs, files in os.walk(root):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
+            p = os.path.join(base, name)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                out[rel] = os.readlink(p).encode()
+            else:
+                with open(p, "rb") as f:
+                    out[rel] = f.read()
+    return out
+
+
 @pytest.fixture(params=backend_params())
 def backend(request):
     """Each engine test runs on every backend; an unavailable one skips (fails on CI)."""
-    from overlord.sandbox import backends
-    ok, why = backends.get(request.param).probe()
-    if not ok:
-        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
-            pytest.fail(f"{request.param} backend unavailable on a host that must have it: {why}")
-        pytest.skip(f"{request.param} backend unavailable here: {why}")
+    require_backend(request.param)
     return request.param
 
 

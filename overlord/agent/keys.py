@@ -36,26 +36,7 @@ def locked(target):
 
 def write_private(target, data):
     """Write JSON atomically into a file that is 0600 from the moment it exists."""
-    tmp = f"{target}.tmp-{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)                     # a stale temp file may carry a wider mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, sort_keys=True, indent=1) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(os.path.dirname(target), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    store.write_json_atomic(target, data, 0o600, indent=1, sync_dir=True)
 
 
 def _load():

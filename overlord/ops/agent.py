@@ -23,7 +23,7 @@ from overlord.errors import NotFound, OverlordError, UsageError
 from overlord.sandbox import backends
 from overlord.sandbox import limits as grant_limits
 from overlord.txn import store
-from overlord.ops.execute import _command_cwd, exec_capture, run
+from overlord.ops.execute import command_cwd, exec_capture, run
 from overlord.ops.grants import validate_grants
 from overlord.ops.review import get_session
 
@@ -202,7 +202,7 @@ def _drive(session, ep, record, max_turns, context_window, on_delta, cancel):
     def run_one(argv, data, cause, timeout, cap):
         return exec_capture(sid, argv, input=data, cause=cause, timeout=timeout, cap=cap,
                             wait=True, cancel=cancel.event)
-    toolbox = tools.Toolbox(run_one, session.target, os.path.relpath(session.target, _command_cwd(session.target)),
+    toolbox = tools.Toolbox(run_one, session.target, os.path.relpath(session.target, command_cwd(session.target)),
                             timeout=session.meta["grants"].get("timeout"))
     loop = Loop(providers.get(ep.provider), ep, toolbox, record, cancel, max_turns=max_turns,
                 context_window=context_window, on_delta=on_delta,

@@ -266,7 +266,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
             if hook:
                 hook()
     spec = executor.Launch(
-        target=session.target, lowers=lowers, upper=upper, work=work, argv=list(argv), cwd=_command_cwd(session.target),
+        target=session.target, lowers=lowers, upper=upper, work=work, argv=list(argv), cwd=command_cwd(session.target),
         env=executor.sandbox_env(jailed=jailed), timeout=timeout or grants.get("timeout"),
         pty_slave=pty_slave, tty_path=(jail.CONSOLE if jailed else tty) if tty else None,
         trace_fd=recorder.write_fd if recorder else None,
@@ -317,7 +317,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     return outcome, count
 
 
-def _command_cwd(target):
+def command_cwd(target):
     """The command starts where the caller is if that is inside the target, else at its root."""
     try:
         cwd = os.path.realpath(os.getcwd())

@@ -50,10 +50,6 @@ def path_of(sha):
     return os.path.join(root(), sha[:2], sha[2:])
 
 
-def has(sha):
-    return bool(sha) and os.path.exists(path_of(sha))
-
-
 def read(sha):
     """The bytes of an object, or None when it was not retained (or fails its check)."""
     if not sha:

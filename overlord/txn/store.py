@@ -11,6 +11,7 @@ import json
 import os
 import re
 import secrets
+import threading
 import time
 
 from overlord.errors import NotFound, UsageError
@@ -54,19 +55,36 @@ def session_dir(sid):
     return os.path.join(sessions_dir(), check_sid(sid))
 
 
-def write_json_atomic(path, data, mode=0o600, sort_keys=True):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+def write_json_atomic(path, data, mode=0o600, sort_keys=True, indent=None, sync_dir=False):
+    """Write JSON by temp file + fsync + rename, the file holding `mode` from the moment it
+    exists (whatever the umask). sync_dir: also make the rename itself durable."""
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
     try:
-        with os.fdopen(fd, "w") as f:
+        os.unlink(tmp)                  # a stale temp file may carry a wider mode
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             # dumps, not dump: dump streams through the slow pure-Python encoder
-            f.write(json.dumps(data, sort_keys=sort_keys, separators=(",", ":")) + "\n")
+            f.write(json.dumps(data, sort_keys=sort_keys, indent=indent,
+                               separators=None if indent else (",", ":")) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        os.rename(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
         raise
-    os.rename(tmp, path)
+    if sync_dir:
+        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 def append_jsonl(path, records):

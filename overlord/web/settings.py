@@ -265,19 +265,4 @@ def check_sandbox(sandbox):
 def _write(data):
     """Atomically, 0600 from the moment the file exists."""
     store.ensure_home()
-    target = path()
-    tmp = f"{target}.tmp-{os.getpid()}-{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, sort_keys=True, indent=1) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    store.write_json_atomic(path(), data, 0o600, indent=1)

@@ -7,11 +7,10 @@ the engine suites do). Imported by the test modules (`from agentlib import kovl,
 than living in a second conftest.py that would compete for the module name `conftest`.
 """
 import json
-import os
 
 import pytest
 
-from conftest import SESSION_RE, Ovl
+from conftest import SESSION_RE, Ovl, require_backend, tree  # noqa: F401 -- tree re-exported
 from fakes import KEY
 
 ENV = {"OVERLORD_RETRY_SCALE": "0", "OVERLORD_PROVIDER_RETRIES": "2",
@@ -21,12 +20,7 @@ ENV = {"OVERLORD_RETRY_SCALE": "0", "OVERLORD_PROVIDER_RETRIES": "2",
 
 
 def require(backend):
-    from overlord.sandbox import backends
-    ok, why = backends.get(backend).probe()
-    if not ok:
-        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
-            pytest.fail(f"{backend} backend unavailable on a host that must have it: {why}")
-        pytest.skip(f"{backend} backend unavailable here: {why}")
+    require_backend(backend)
 
 
 class AgentOvl(Ovl):
@@ -83,17 +77,6 @@ def of_type(events, kind):
 def results(events):
     """{call id: tool_result event}"""
     return {e["call"]: e for e in of_type(events, "tool_result")}
-
-
-def tree(root):
-    """{relative path: bytes} of a directory, to prove the real tree was not touched."""
-    out = {}
-    for base, dirs, files in os.walk(root):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
-            p = os.path.join(base, name)
-            rel = os.path.relpath(p, root)
-            out[rel] = os.readlink(p).encode() if os.path.islink(p) else open(p, "rb").read()
-    return out
 
 
 def call(name, **args):

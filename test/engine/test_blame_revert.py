@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import SESSION_RE, state_of
+from conftest import SESSION_RE, require_backend, state_of
 
 
 def tree_digest(root):
@@ -204,12 +204,7 @@ def test_revert_obeys_the_pending_guard(ovl, target):
 # -- the fuse backend's pinned mount ------------------------------------------------------------
 
 def test_a_pinned_fuse_mount_is_recorded_on_the_savepoint(home, target, monkeypatch):
-    from overlord.sandbox import backends
-    ok, why = backends.get("fuse").probe()
-    if not ok:
-        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
-            pytest.fail(f"fuse backend unavailable: {why}")
-        pytest.skip(why)
+    require_backend("fuse")
     from overlord import ops
     monkeypatch.setenv("OVERLORD_TEST_BACKEND", "fuse")
     sid = ops.run(["true"], target=str(target), backend="fuse").sid

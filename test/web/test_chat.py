@@ -9,7 +9,7 @@ import time
 import pytest
 
 from weblib import (KEY, UI, AnthropicFake, ChatFake, GeminiFake, ResponsesFake, records,  # noqa: F401
-                    require_kernel, sse_text, tree, ui)
+                    require_backend, require_kernel, sse_text, tree, ui)
 
 WRITE = ("write_file", {"path": "notes/plan.md", "content": "# Plan\n\n1. read\n2. write\n"})
 SHELL = ("shell", {"command": "printf 'beta\\n' > b.txt && echo wrote b"})
@@ -322,12 +322,7 @@ def test_sandbox_grants_from_settings_and_refusals_in_settings_words(home, targe
         ui.close()
     fuse = UI(home, target, env={"OVERLORD_TEST_BACKEND": "fuse"})
     try:
-        from overlord.sandbox import backends
-        ok, why = backends.get("fuse").probe()
-        if not ok:
-            if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
-                pytest.fail(f"fuse backend unavailable on a host that must have it: {why}")
-            pytest.skip(f"fuse backend unavailable here: {why}")
+        require_backend("fuse")
         fuse.ok("PUT", "/api/settings", {"sandbox": {"jail": True, "net": "none"}})
         r = fuse.post("/api/chats", {"message": "hi"})
         assert r.status == 409, r.body

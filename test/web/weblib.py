@@ -20,6 +20,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "test", "agent"))
 
+from conftest import require_backend, tree  # noqa: E402,F401 -- tree re-exported
 from fakes import KEY, AnthropicFake, ChatFake, GeminiFake, ResponsesFake, sse_text  # noqa: E402,F401
 
 URL_RE = re.compile(r"(http://127\.0\.0\.1:(\d+))/\?token=([0-9a-f]+)")
@@ -31,12 +32,7 @@ ENV = {"OVERLORD_RETRY_SCALE": "0", "OVERLORD_PROVIDER_RETRIES": "1", "OVERLORD_
 
 def require_kernel():
     """The workspace's conversations run jailed: they need the kernel backend."""
-    from overlord.sandbox import backends
-    ok, why = backends.get("kernel").probe()
-    if not ok:
-        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
-            pytest.fail(f"kernel backend unavailable on a host that must have it: {why}")
-        pytest.skip(f"kernel backend unavailable here: {why}")
+    require_backend("kernel")
 
 
 class Reply:
@@ -228,17 +224,6 @@ def records(events, kind=None):
             out[data["i"]] = data
     recs = [out[i] for i in sorted(out)]
     return [r for r in recs if kind is None or r["type"] == kind]
-
-
-def tree(root):
-    """{relative path: bytes} of a directory tree."""
-    out = {}
-    for base, dirs, files in os.walk(root):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
-            p = os.path.join(base, name)
-            rel = os.path.relpath(p, root)
-            out[rel] = os.readlink(p).encode() if os.path.islink(p) else open(p, "rb").read()
-    return out
 
 
 @pytest.fixture
