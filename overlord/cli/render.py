@@ -3,38 +3,7 @@ import json
 import sys
 import time
 
-
-def escape_path(path):
-    """Printable form of a path: invalid bytes as \\xNN, control characters escaped; the
-    tree root itself is '.'."""
-    return "." if path == "" else _escape(path)
-
-
-def escape_text(text):
-    """A line of a file made safe for a terminal: tabs kept, other controls escaped."""
-    return _escape(text, keep="\t\\")
-
-
-def _escape(text, keep=""):
-    out = []
-    for ch in text:
-        if ch in keep:
-            out.append(ch)
-            continue
-        code = ord(ch)
-        if 0xDC80 <= code <= 0xDCFF:          # an undecodable byte (surrogateescape)
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif not ch.isprintable():
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+from overlord.text import escape_block, escape_path, escape_text  # noqa: F401 (re-exported)
 
 
 def short(digest):

@@ -1,0 +1,69 @@
+"""Text that came from outside OVERLORD (a command, a file, a model), made safe to show.
+
+Every byte a command or a model chose is escaped before it reaches a terminal, and every path
+that is not valid UTF-8 reaches JSON as an escaped `path` plus its exact bytes (`path_b64`),
+never as a lone surrogate. Pure functions: every layer may import this module.
+"""
+import base64
+import os
+
+
+def escape_path(path):
+    """Printable form of a path: invalid bytes as \\xNN, control characters escaped; the
+    tree root itself is '.'."""
+    return "." if path == "" else _escape(path)
+
+
+def escape_text(text):
+    """A line of a file made safe for a terminal: tabs kept, other controls escaped."""
+    return _escape(text, keep="\t\\")
+
+
+def escape_block(text):
+    """Multi-line text (a model's reply, a tool's output) for a terminal: newlines and tabs
+    kept, every other control character (ESC, CR, BEL, ...) escaped."""
+    return _escape(text, keep="\n\t\\")
+
+
+def _escape(text, keep=""):
+    out = []
+    for ch in text:
+        if ch in keep:
+            out.append(ch)
+            continue
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:          # an undecodable byte (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:        # any other lone surrogate
+            out.append(f"\\u{code:04x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif not ch.isprintable():
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def is_exact(text):
+    """True when a str holds no lone surrogate, so JSON carries it exactly as UTF-8."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def path_fields(path, key="path"):
+    """{key: path} for JSON; for a name that is not valid UTF-8, {key: escaped form,
+    key_b64: the exact bytes, base64}."""
+    if is_exact(path):
+        return {key: path}
+    return {key: escape_path(path),
+            f"{key}_b64": base64.b64encode(os.fsencode(path)).decode("ascii")}
