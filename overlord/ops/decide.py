@@ -21,8 +21,10 @@ class CommitResult:
     merged: list
 
 
-def commit(sid, force=False, merge=False, only=(), drop=()):
-    """Replay the session (or the savepoints chosen by cause) onto the real tree."""
+def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=False):
+    """Replay the session (or the savepoints chosen by cause) onto the real tree.
+    allow_privileged: the person accepts setuid/setgid bits, file capabilities and ACLs for
+    other principals that the session adds (refused otherwise; recorded when allowed)."""
     session = get_session(sid)
     state = session.meta["state"]
     if state not in store.OPEN_STATES:
@@ -36,7 +38,10 @@ def commit(sid, force=False, merge=False, only=(), drop=()):
         raise UsageError("the selectors leave no savepoint to commit")
     with locks.TargetLock(session.target):
         view = session.view(chosen)
-        plan = C.plan(view, session.target)
+        plan = C.plan(view, session.target, session.dialect)
+        privileged = K.privileged(plan)
+        if privileged and not allow_privileged:
+            K.refuse_privileged(privileged)
         records = session.provenance()
         drifts = K.check_drift(session, view, records)
         merged = {}
@@ -55,11 +60,15 @@ def commit(sid, force=False, merge=False, only=(), drop=()):
             session.meta.update(state="committed", committed=time.time(),
                                 forced=bool(force and drifts), merged=sorted(merged),
                                 committed_layers=sorted(chosen) if chosen is not None else None)
+            if privileged:
+                session.meta["allowed_privileged"] = [{"path": p, "adds": why}
+                                                      for p, why in privileged]
             session.save()
             _keep_record(session, chosen, keeper, bfd, steps, after, records)
         try:
             after = retain.written(keeper, view, merged, records)
-            replay.replay(sid, session.target, view, merged, consume=True, on_done=done)
+            replay.replay(sid, session.target, view, merged, consume=True, on_done=done,
+                          dialect=session.dialect)
         except BaseException:
             keeper.abandon()
             raise

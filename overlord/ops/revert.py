@@ -7,6 +7,7 @@ from overlord.errors import OverlordError
 from overlord.ops.execute import _create_session, refuse_if_pending
 from overlord.ops.review import get_session
 from overlord.sandbox import backends
+from overlord.text import escape_path
 from overlord.txn import locks, retain
 from overlord.txn import revert as txn_revert
 from overlord.txn.session import remove_tree
@@ -33,7 +34,7 @@ def revert(sid, stack=False, backend=None):
         refuse_if_pending(target, stack)
         conflicts, contents = txn_revert.check(record, target)
         if conflicts:
-            shown = "; ".join(f"{p or '.'}: {why}" for p, why in conflicts[:5])
+            shown = "; ".join(f"{escape_path(p)}: {why}" for p, why in conflicts[:5])
             more = f" (and {len(conflicts) - 5} more)" if len(conflicts) > 5 else ""
             raise OverlordError(f"cannot revert session {sid}: {len(conflicts)} path"
                                 f"{'' if len(conflicts) == 1 else 's'} changed since it was "
@@ -41,7 +42,7 @@ def revert(sid, stack=False, backend=None):
         new = _create_session(target, mod, {}, argv, None)
         try:
             upper, _ = new.prepare_upper()
-            txn_revert.stage(upper, record, target, contents)
+            txn_revert.stage(upper, record, target, contents, new.dialect)
             index = new.seal({"kind": "revert", "of": sid, "command": shlex.join(argv)})
         except BaseException:
             remove_tree(new.dir)

@@ -8,6 +8,7 @@ import hashlib
 import os
 import stat
 
+from overlord.text import escape_text
 from overlord.txn import layers as L
 
 KINDS = ("added", "modified", "deleted", "replaced-dir", "invalid-whiteout")
@@ -75,16 +76,36 @@ def kind_of(st):
     return "other"
 
 
+def type_of(st):
+    """The type a person reads: file, dir, symlink, fifo, socket, char-device, block-device."""
+    if st is None:
+        return None
+    m = st.st_mode
+    for test, name in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "char-device"), (stat.S_ISBLK, "block-device")):
+        if test(m):
+            return name
+    return kind_of(st)
+
+
 @dataclasses.dataclass
 class Change:
     path: str
     kind: str
     entry: L.Entry            # the session's side (None never: whiteouts have an Entry too)
     real: os.stat_result      # the real tree's side at plan time (None if absent)
+    real_xattrs: dict = None  # the real side's xattrs at plan time (overlay's own left out)
+    content_same: bool = None  # for a modified file or link of the same type: bytes unchanged?
 
     @property
     def layer(self):
         return self.entry.layer
+
+    @property
+    def details(self):
+        """What a person must see beyond the kind: types, link target, mode, owner, xattrs,
+        and what the change adds that commit refuses without --allow-privileged-modes."""
+        return details(self.entry, self.real, self.real_xattrs, self.content_same)
 
 
 def real_path(target, path):
@@ -104,31 +125,37 @@ def same_content(entry, real_abs, real_st):
     if entry.kind == "symlink":
         return os.readlink(entry.src) == os.readlink(real_abs)
     if entry.kind == "other":
-        return entry.st.st_mode == real_st.st_mode and entry.st.st_rdev == real_st.st_rdev
+        return (stat.S_IFMT(entry.st.st_mode) == stat.S_IFMT(real_st.st_mode) and
+                entry.st.st_rdev == real_st.st_rdev)
     return True
 
 
-def metadata_differs(entry, real_st, with_mtime):
+def metadata_differs(entry, real_st, with_mtime, real_xattrs=None):
     a, b = entry.st, real_st
     if stat.S_IMODE(a.st_mode) != stat.S_IMODE(b.st_mode) and entry.kind != "symlink":
         return True
     if (a.st_uid, a.st_gid) != (b.st_uid, b.st_gid):
         return True
+    if real_xattrs is not None and (entry.xattrs or {}) != real_xattrs:
+        return True
     return with_mtime and a.st_mtime_ns != b.st_mtime_ns
 
 
-def classify(entry, target, fresh):
-    """The kind of change one view entry makes to the real tree, or None."""
+def classify(entry, target, fresh, dialect):
+    """(kind of change one view entry makes to the real tree or None, real lstat, real xattrs)."""
     if entry.kind == "invalid":
-        return "invalid-whiteout"
+        return "invalid-whiteout", None, None
     if fresh:       # under a directory the session created or replaced: compare with nothing
-        return None if entry.kind == "whiteout" else "added"
+        return (None if entry.kind == "whiteout" else "added"), None, None
     real_abs = real_path(target, entry.path)
-    return layer_change(entry, real_abs, lstat_or_none(real_abs))
+    real_st = lstat_or_none(real_abs)
+    real_x = L.xattrs(real_abs, dialect) if real_st is not None else None
+    return layer_change(entry, real_abs, real_st, real_x), real_st, real_x
 
 
-def layer_change(entry, before_abs, before_st):
-    """The kind of change an entry makes over what lies below it (None: no change)."""
+def layer_change(entry, before_abs, before_st, before_xattrs=None):
+    """The kind of change an entry makes over what lies below it (None: no change).
+    before_xattrs: the xattrs below (None: not compared)."""
     if entry.kind == "invalid":
         return "invalid-whiteout"
     if entry.kind == "whiteout":
@@ -140,31 +167,142 @@ def layer_change(entry, before_abs, before_st):
         if before_kind == "dir":
             if entry.opaque:
                 return "replaced-dir"
-            return "modified" if metadata_differs(entry, before_st, with_mtime=False) else None
+            return "modified" if metadata_differs(entry, before_st, False, before_xattrs) else None
         return "modified"
-    if before_kind != entry.kind or metadata_differs(entry, before_st, entry.kind != "symlink"):
+    if before_kind != entry.kind or metadata_differs(entry, before_st, entry.kind != "symlink",
+                                                     before_xattrs):
         return "modified"
     return None if same_content(entry, before_abs, before_st) else "modified"
 
 
-def plan(view, target):
+def plan(view, target, dialect=None):
     """[Change] for a stacked view over the real tree, parents before children."""
     changes, fresh_roots = [], set()
     for path in sorted(view, key=lambda p: p.split("/")):
         entry = view[path]
         fresh = any(p in fresh_roots for p in L.parents(path))
-        kind = classify(entry, target, fresh)
+        kind, real_st, real_x = classify(entry, target, fresh, dialect)
         if entry.kind == "dir" and (fresh or kind in ("added", "replaced-dir") or
                                     (kind == "modified" and entry.opaque)):
             fresh_roots.add(path)
         if entry.kind == "dir" and kind == "modified" and not entry.opaque:
             # file -> dir without an opaque mark cannot happen in overlay; treat as fresh anyway
-            real_st = lstat_or_none(real_path(target, path))
             if real_st is not None and not stat.S_ISDIR(real_st.st_mode):
                 fresh_roots.add(path)
         if kind is not None:
-            changes.append(Change(path, kind, entry, None if fresh else lstat_or_none(real_path(target, path))))
+            same = None
+            if kind == "modified" and entry.kind in ("file", "symlink") and kind_of(real_st) == entry.kind:
+                same = same_content(entry, real_path(target, path), real_st)
+            changes.append(Change(path, kind, entry, real_st, real_x, same))
     return changes
+
+
+# -- what a person must see beyond the kind ----------------------------------------------------
+
+ACL_XATTRS = ("system.posix_acl_access", "system.posix_acl_default")
+CAPABILITY_XATTR = "security.capability"
+_ACL_USER, _ACL_GROUP = 0x02, 0x08
+
+
+def acl_grants_others(value):
+    """Does a POSIX ACL xattr (version 2: 4-byte header, then 8-byte entries of tag, perm,
+    id) name a user or group beyond the owner's with any permission? A value we cannot
+    parse counts as granting: refuse, never guess."""
+    if len(value) < 4 or (len(value) - 4) % 8 or int.from_bytes(value[:4], "little") != 2:
+        return True
+    for off in range(4, len(value), 8):
+        tag = int.from_bytes(value[off:off + 2], "little")
+        perm = int.from_bytes(value[off + 2:off + 4], "little")
+        if tag in (_ACL_USER, _ACL_GROUP) and perm:
+            return True
+    return False
+
+
+def details(entry, real_st, real_xattrs, content_same=None):
+    """The facts behind one change as data (see docs/JSON.md): only the keys that apply."""
+    out = {}
+    new_st = entry.st if entry.kind not in ("whiteout", "invalid") else None
+    if new_st is not None:
+        out["type"] = type_of(new_st)
+    if real_st is not None:
+        out["before_type"] = type_of(real_st)
+    if new_st is None:
+        return out
+    if entry.kind == "symlink":
+        out["link"] = os.readlink(entry.src)
+    if stat.S_ISCHR(new_st.st_mode) or stat.S_ISBLK(new_st.st_mode):
+        out["rdev"] = [os.major(new_st.st_rdev), os.minor(new_st.st_rdev)]
+    same_type = real_st is not None and type_of(real_st) == out["type"]
+    before_mode = stat.S_IMODE(real_st.st_mode) if same_type else None
+    after_mode = stat.S_IMODE(new_st.st_mode)
+    if entry.kind != "symlink" and before_mode != after_mode:
+        out["mode"] = [before_mode, after_mode]
+    if real_st is not None and (real_st.st_uid, real_st.st_gid) != (new_st.st_uid, new_st.st_gid):
+        out["owner"] = [[real_st.st_uid, real_st.st_gid], [new_st.st_uid, new_st.st_gid]]
+    before_x = (real_xattrs or {}) if same_type else {}
+    after_x = entry.xattrs or {}
+    if before_x != after_x:
+        out["xattrs"] = {
+            "added": sorted(n for n in after_x if n not in before_x),
+            "removed": sorted(n for n in before_x if n not in after_x),
+            "changed": sorted(n for n in after_x if n in before_x and after_x[n] != before_x[n])}
+    privileged = []
+    was = before_mode or 0
+    if after_mode & stat.S_ISUID and not was & stat.S_ISUID:
+        privileged.append("setuid")
+    if after_mode & stat.S_ISGID and not was & stat.S_ISGID:
+        privileged.append("setgid")
+    if CAPABILITY_XATTR in after_x and after_x[CAPABILITY_XATTR] != before_x.get(CAPABILITY_XATTR):
+        privileged.append("file capability")
+    if any(n in after_x and after_x[n] != before_x.get(n) and acl_grants_others(after_x[n])
+           for n in ACL_XATTRS):
+        privileged.append("acl")
+    if privileged:
+        out["privileged"] = privileged
+    if content_same and any(k in out for k in ("mode", "owner", "xattrs")):
+        out["metadata_only"] = True
+    return out
+
+
+def describe(change):
+    """The words faces print after the path: "link -> /etc/passwd", "fifo",
+    "mode 0644 -> 4644, setuid", "owner 0:0 -> 1000:1000", "xattr user.x added"; "" when
+    there is nothing to add to the kind."""
+    d = change.details
+    words = []
+    if change.kind in ("added", "modified"):
+        t = d.get("type")
+        if t == "symlink":
+            words.append(f"link -> {escape_text(d['link'])}")
+        elif t not in (None, "file", "dir"):
+            words.append(f"{t} {d['rdev'][0]}:{d['rdev'][1]}" if "rdev" in d else t)
+        elif change.kind == "added" and t == "dir":
+            words.append("dir")
+        before = d.get("before_type")
+        if change.kind == "modified" and before and before != t:
+            words.append(f"was a {before}")
+    if "mode" in d and change.kind == "modified":
+        before, after = d["mode"]
+        words.append(f"mode {_octal(before)} -> {_octal(after)}" if before is not None
+                     else f"mode {_octal(after)}")
+    elif change.kind == "added" and d.get("mode") and d["mode"][1] & 0o7000:
+        words.append(f"mode {_octal(d['mode'][1])}")
+    if "owner" in d:
+        (u0, g0), (u1, g1) = d["owner"]
+        words.append(f"owner {u0}:{g0} -> {u1}:{g1}")
+    for verb in ("added", "removed", "changed"):
+        for name in d.get("xattrs", {}).get(verb, ()):
+            label = "ACL" if name in ACL_XATTRS else ("capability" if name == CAPABILITY_XATTR
+                                                       else f"xattr {escape_text(name)}")
+            words.append(f"{label} {verb}")
+    words.extend("ACL for another principal" if w == "acl" else w for w in d.get("privileged", ()))
+    if d.get("metadata_only"):
+        words.append("metadata only")
+    return ", ".join(words)
+
+
+def _octal(mode):
+    return f"{mode:04o}"
 
 
 def touched_paths(view):

@@ -6,6 +6,7 @@ import stat
 import subprocess
 
 from overlord.errors import Conflict
+from overlord.text import escape_path
 from overlord.txn import changes as C
 from overlord.txn.replay import DirFds, ViaSymlink, safe_lstat
 
@@ -22,7 +23,7 @@ class Drift:
         return self.reason not in UNFORCEABLE
 
     def __str__(self):
-        return f"{self.reason}: {self.path}"
+        return f"{self.reason}: {escape_path(self.path)}"
 
 
 def check_drift(session, view, records=None):
@@ -98,6 +99,21 @@ def _descendant_drift(target, path, stamp):
             if st is not None and st.st_ctime_ns >= stamp:
                 out.append(Drift(os.path.relpath(p, target), "appeared-after-snapshot"))
     return out
+
+
+def privileged(plan):
+    """[(path, [what])] for every change that adds a setuid/setgid bit, a file capability or
+    an ACL granting another principal."""
+    return [(ch.path, ch.details["privileged"]) for ch in plan if ch.details.get("privileged")]
+
+
+def refuse_privileged(found):
+    path, what = found[0]
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    err = Conflict(f"commit refused: adds {' and '.join(what)}: {escape_path(path)}{more}; "
+                   "--allow-privileged-modes overrides")
+    err.privileged = found
+    raise err
 
 
 def refuse_if_drift(drifts, force):

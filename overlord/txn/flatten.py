@@ -37,7 +37,7 @@ def apply(flat, layer_dir, dialect):
         if entry.kind == "invalid":
             continue
         if entry.kind == "dir":
-            dirs.append((dest, entry.st))
+            dirs.append((dest, entry))
             if cur is not None and stat.S_ISDIR(cur.st_mode) and not entry.opaque:
                 continue
             replaced = cur is not None          # a whiteout or non-dir below: hide the target
@@ -60,8 +60,8 @@ def apply(flat, layer_dir, dialect):
         else:
             os.mknod(dest, entry.st.st_mode, entry.st.st_rdev)
             _owner(dest, entry.st)
-    for dest, st in reversed(dirs):
-        _attrs(dest, st)
+    for dest, entry in reversed(dirs):
+        _attrs(dest, entry, dialect)
 
 
 def _lstat(path):
@@ -88,9 +88,11 @@ def _owner(path, st):
         os.chown(path, st.st_uid, st.st_gid, follow_symlinks=False)
 
 
-def _attrs(path, st):
-    """A directory takes the top-most layer's owner, mode and times, as overlay shows it.
-    (Our own access is kept: later layers must still be linked in below it.)"""
+def _attrs(path, entry, dialect):
+    """A directory takes the top-most layer's owner, xattrs, mode and times, as overlay shows
+    it. (Our own access is kept: later layers must still be linked in below it.)"""
+    st = entry.st
     _owner(path, st)
+    L.sync_xattrs(path, entry.xattrs or {}, dialect)
     os.chmod(path, stat.S_IMODE(st.st_mode) | (0o700 if os.geteuid() else 0))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -77,8 +77,8 @@ def _remove(path):
 
 
 def copy_layer(src, dst):
-    """Copy one sealed layer: files by hard link, directories with their overlay xattrs,
-    whiteout devices recreated."""
+    """Copy one sealed layer: files by hard link, directories with their xattrs, whiteout
+    devices recreated."""
     os.mkdir(dst, stat.S_IMODE(os.lstat(src).st_mode) | 0o700)
     _copy_xattrs(src, dst)
     for root, dirs, files in os.walk(src):
@@ -111,13 +111,13 @@ def copy_layer(src, dst):
 
 
 def _copy_xattrs(src, dst):
+    """Every xattr a directory carries: the overlay's marks and the session's own alike."""
     for name in os.listxattr(src, follow_symlinks=False):
-        if name.startswith(("user.overlay.", "trusted.overlay.", "user.fuseoverlayfs.")):
-            try:
-                os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
-                            follow_symlinks=False)
-            except OSError:
-                pass
+        try:
+            os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False),
+                        follow_symlinks=False)
+        except OSError:
+            pass
 
 
 def fork_records(session, at):

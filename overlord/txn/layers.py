@@ -1,11 +1,19 @@
 """Reading sealed overlay layers and stacking them into one view of the session's changes.
 
-A layer is an overlay upper directory. Two dialects exist:
-  kernel  whiteout = char device 0/0; opaque dir = xattr user.overlay.opaque "y".
-          A file the command names `.wh.x` is an ordinary file.
-  fuse    whiteout = char device 0/0 or a `.wh.NAME` file; opaque dir = xattr
-          user.fuseoverlayfs.opaque / trusted.overlay.opaque or a `.wh..wh..opq` marker.
-          Marker files never become entries, so they can never reach the tree.
+A layer is an overlay upper directory. Two dialects exist, and each is read from the markers
+its own filesystem writes -- never from a marker a command could have made:
+  kernel  whiteout = char device 0/0; opaque dir = xattr user.overlay.opaque / trusted.overlay.
+          opaque "y". A command can create neither through the overlay (overlay refuses its
+          private xattrs; the seccomp filter refuses mknod of 0/0), so a file the command names
+          `.wh.x` is an ordinary file.
+  fuse    whiteout = char device 0/0 (fuse-overlayfs makes one where the kernel lets it, which
+          is everywhere since 5.8); opaque dir = xattr user.fuseoverlayfs.opaque or
+          trusted.overlay.opaque "y", which fuse-overlayfs refuses to let a command set.
+          fuse-overlayfs also writes `.wh..wh..opq` (an empty file) and `.wh..opq` (a 0/0
+          device) into the directories it marks opaque: those are skipped there. Any other
+          `.wh.` name is one a command made through the mount (rename, mkdir, symlink, mkfifo
+          are let through) and fuse-overlayfs would read it as a whiteout on the next mount:
+          ambiguous, so it is `invalid` and commit refuses it.
 Paths are relative to the target root, '/'-separated, decoded with surrogateescape.
 """
 import dataclasses
@@ -15,7 +23,47 @@ import stat
 
 FUSE_MARKERS = (".wh..wh..opq", ".wh..opq")
 KERNEL_OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
-FUSE_OPAQUE = ("user.fuseoverlayfs.opaque", "trusted.overlay.opaque", "user.overlay.opaque")
+FUSE_OPAQUE = ("user.fuseoverlayfs.opaque", "trusted.overlay.opaque")
+# The xattrs that are a tree's content: what a command can set and read back, and what
+# carries privilege. trusted.* (invisible to a capability-free command, and not copied up by
+# an overlay mounted in a user namespace) and security labels other than file capabilities
+# (assigned by the host's LSM on creation) are never compared, set or removed.
+CONTENT_XATTRS = ("user.", "system.posix_acl_access", "system.posix_acl_default",
+                  "security.capability")
+# ...less the overlay's own bookkeeping in each dialect
+INTERNAL_XATTRS = {"kernel": ("user.overlay.", "trusted.overlay."),
+                   "fuse": ("user.fuseoverlayfs.", "trusted.overlay.", "user.containers.")}
+
+
+def xattrs(path, dialect=None, follow=False):
+    """{name: value} of a path's content xattrs (not followed through a symlink unless
+    `follow`: for /proc/self/fd/N of a directory), less the overlay's own in that dialect."""
+    internal = INTERNAL_XATTRS.get(dialect, ())
+    try:
+        names = os.listxattr(path, follow_symlinks=follow)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        if not name.startswith(CONTENT_XATTRS) or name.startswith(internal):
+            continue
+        try:
+            out[name] = os.getxattr(path, name, follow_symlinks=follow)
+        except OSError:
+            continue
+    return out
+
+
+def sync_xattrs(path, wanted, dialect=None, follow=False):
+    """Make a path's content xattrs exactly `wanted` (removing the others, setting those that
+    differ); overlay's own and non-content names are left alone."""
+    have = xattrs(path, dialect, follow)
+    for name in have:
+        if name not in wanted:
+            os.removexattr(path, name, follow_symlinks=follow)
+    for name, value in wanted.items():
+        if have.get(name) != value:
+            os.setxattr(path, name, value, follow_symlinks=follow)
 
 
 @dataclasses.dataclass
@@ -26,6 +74,7 @@ class Entry:
     st: os.stat_result = None
     opaque: bool = False
     layer: int = None
+    xattrs: dict = None  # what the command saw (overlay's own removed); None for whiteouts
 
 
 def _xattr_opaque(path, names):
@@ -95,47 +144,44 @@ def read_layer(layer_dir, dialect, index=None, modes=None):
     # the root carries the tree root's own mode (a chmod of "." is a change like any other)
     if "" in modes:
         root_st = with_mode(root_st, modes[""])
-    entries = {"": Entry("", "dir", layer_dir, root_st, layer=index)}
+    entries = {"": Entry("", "dir", layer_dir, root_st, layer=index,
+                         xattrs=xattrs(layer_dir, dialect))}
     if _xattr_opaque(layer_dir, opaque_names):
         # an opaque root would mean "the whole tree is gone": never replayable
         entries[""] = Entry("", "invalid", layer=index)
-    todo = [("", layer_dir, root_st)]
+    todo = [("", layer_dir)]
     while todo:
-        rel, absdir, st = todo.pop()
-        names = os.listdir(absdir)
-        is_opaque_marked = dialect == "fuse" and any(m in names for m in FUSE_MARKERS)
-        if is_opaque_marked and rel:
-            entries[rel].opaque = True
-        elif is_opaque_marked:
-            entries[""] = Entry("", "invalid", layer=index)
-        for name in names:
+        rel, absdir = todo.pop()
+        opaque = entries[rel].opaque
+        for name in os.listdir(absdir):
             src = os.path.join(absdir, name)
             path = f"{rel}/{name}" if rel else name
             st = os.lstat(src)
-            if dialect == "fuse" and name in FUSE_MARKERS:
-                continue
             if dialect == "fuse" and name.startswith(".wh."):
-                hidden = name[4:]
-                if hidden in ("", ".", "..") or "/" in hidden:
-                    entries[path] = Entry(path, "invalid", src, st, layer=index)
-                else:
-                    wpath = f"{rel}/{hidden}" if rel else hidden
-                    entries[wpath] = Entry(wpath, "whiteout", layer=index)
+                if opaque and _is_own_marker(name, st):
+                    continue
+                entries[path] = Entry(path, "invalid", src, st, layer=index)
                 continue
             if _is_whiteout_dev(st):
                 entries[path] = Entry(path, "whiteout", layer=index)
             elif stat.S_ISDIR(st.st_mode):
                 if path in modes:
                     st = with_mode(st, modes[path])
-                entries[path] = Entry(path, "dir", src, st, _xattr_opaque(src, opaque_names), index)
-                todo.append((path, src, st))
-            elif stat.S_ISREG(st.st_mode):
-                entries[path] = Entry(path, "file", src, st, layer=index)
-            elif stat.S_ISLNK(st.st_mode):
-                entries[path] = Entry(path, "symlink", src, st, layer=index)
+                entries[path] = Entry(path, "dir", src, st, _xattr_opaque(src, opaque_names), index,
+                                      xattrs(src, dialect))
+                todo.append((path, src))
             else:
-                entries[path] = Entry(path, "other", src, st, layer=index)
+                kind = ("file" if stat.S_ISREG(st.st_mode) else
+                        "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+                entries[path] = Entry(path, kind, src, st, layer=index, xattrs=xattrs(src, dialect))
     return entries
+
+
+def _is_own_marker(name, st):
+    """fuse-overlayfs's own marks inside a directory it made opaque."""
+    if name == ".wh..wh..opq":
+        return stat.S_ISREG(st.st_mode) and st.st_size == 0
+    return name == ".wh..opq" and _is_whiteout_dev(st)
 
 
 def parents(path):
@@ -174,16 +220,10 @@ def _layer_hides(layer_dir, rel, dialect):
     try:
         st = os.lstat(p)
     except (FileNotFoundError, NotADirectoryError):
-        if dialect == "fuse":
-            parent, _, name = rel.rpartition("/")
-            return os.path.lexists(os.path.join(layer_dir, parent, ".wh." + name))
         return False
     if not stat.S_ISDIR(st.st_mode):
         return True
-    if dialect == "fuse":
-        return (_xattr_opaque(p, FUSE_OPAQUE) or
-                any(os.path.lexists(os.path.join(p, m)) for m in FUSE_MARKERS))
-    return _xattr_opaque(p, KERNEL_OPAQUE)
+    return _xattr_opaque(p, FUSE_OPAQUE if dialect == "fuse" else KERNEL_OPAQUE)
 
 
 def resolve(path, layer_dirs, dialect):
@@ -204,8 +244,6 @@ def resolve(path, layer_dirs, dialect):
             if _is_whiteout_dev(st):
                 return None, None
             return i, st
-        if dialect == "fuse" and _layer_hides(layer_dir, path, dialect):
-            return None, None
         if any(_layer_hides(layer_dir, a, dialect) for a in ancestors):
             return None, None
     return "real", None

@@ -11,6 +11,7 @@ hard link for files, the directory itself for trees), so a crash at any instant 
 undone by `recover()`, which the next overlord command runs. Only after everything is on disk
 (syncfs) is the journal marked done; then the backup is dropped.
 """
+import base64
 import errno
 import json
 import os
@@ -19,10 +20,10 @@ import stat
 
 from overlord.linux import libc
 from overlord.txn import changes as C
+from overlord.txn import layers as L
 from overlord.txn import store
 
 DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-OVERLAY_XATTRS = ("user.overlay.", "trusted.overlay.", "user.fuseoverlayfs.")
 
 
 class ViaSymlink(Exception):
@@ -149,16 +150,25 @@ def plan_steps(fds, view, merged):
                       "uid": cur.st_uid if cur is not None else None,
                       "gid": cur.st_gid if cur is not None else None,
                       "src": entry.src, "merged": path in merged,
+                      # a directory kept in place may have its xattrs rewritten: keep them
+                      "xattrs": _b64_xattrs(fds, path) if entry.kind == "dir" and cur is not None
+                      and stat.S_ISDIR(cur.st_mode) else None,
                       # what replay puts here, to tell it from an edit made after a crash
                       "new": [entry.st.st_size, entry.st.st_mtime_ns]
                       if entry.kind in ("file", "symlink", "other") and path not in merged else None})
     return steps
 
 
-def replay(sid, target, view, merged=None, consume=False, on_done=None):
+def _b64_xattrs(fds, path):
+    where = f"/proc/self/fd/{fds.get(path)}"
+    return {k: base64.b64encode(v).decode() for k, v in L.xattrs(where, follow=True).items()}
+
+
+def replay(sid, target, view, merged=None, consume=False, on_done=None, dialect="kernel"):
     """Make the real tree equal the view on every path the view names, atomically.
 
     merged: {path: bytes} for files whose content is a three-way merge result.
+    dialect: the layers' overlay dialect (whose own xattrs never reach the tree).
     consume: the layers are discarded afterwards, so files may be moved out of them.
     on_done: called once the commit is final and journaled as done, with the backup
     directory's fd and the steps — to record the commit before the journal goes and to keep
@@ -176,10 +186,11 @@ def replay(sid, target, view, merged=None, consume=False, on_done=None):
         bfd = _make_backup_dir(fds, sid)
         move = consume
         for n, step in enumerate(journal.data["steps"]):
-            move = _apply(fds, bfd, n, step, view[step["path"]], merged.get(step["path"]), move, sid)
+            move = _apply(fds, bfd, n, step, view[step["path"]], merged.get(step["path"]), move, sid,
+                          dialect)
         for step in reversed(journal.data["steps"]):     # deepest first: children moved them
             if step["kind"] == "dir":
-                _finish_dir(fds, step["path"], view[step["path"]].st)
+                _finish_dir(fds, step["path"], view[step["path"]], dialect)
         libc.syncfs(target)
         steps = journal.data["steps"]
         journal.finish()
@@ -226,7 +237,7 @@ def _make_backup_dir(fds, sid):
     return os.open(name, DIR_FLAGS, dir_fd=root)
 
 
-def _apply(fds, bfd, n, step, entry, merged_bytes, move, sid):
+def _apply(fds, bfd, n, step, entry, merged_bytes, move, sid, dialect):
     path = step["path"]
     if path == "":                      # the target root itself: only its mode can change
         os.chmod(fds.target, stat.S_IMODE(entry.st.st_mode) | 0o700)
@@ -255,7 +266,7 @@ def _apply(fds, bfd, n, step, entry, merged_bytes, move, sid):
     # a file another session's layer shares (a fork's hard link) is copied: moving it would
     # make that layer and the real tree one inode
     if move and merged_bytes is None and entry.st.st_nlink == 1:
-        if _move_into_place(pfd, name, entry):
+        if _move_into_place(pfd, name, entry, dialect):
             return True
         move = False
     _place(pfd, name, entry, merged_bytes, f".{name[:40]}.ovl-{sid[-6:]}-{n}")
@@ -272,23 +283,25 @@ def _set_aside(fds, pfd, bfd, n, path, name, cur):
         os.unlink(name, dir_fd=pfd)
 
 
-def _finish_dir(fds, path, st):
-    if path == "":
-        os.chmod(fds.target, stat.S_IMODE(st.st_mode))
-        return
-    parent, name = split(path)
-    pfd = fds.get(parent)
-    if os.geteuid() == 0:
-        os.chown(name, st.st_uid, st.st_gid, dir_fd=pfd, follow_symlinks=False)
-    os.chmod(name, stat.S_IMODE(st.st_mode), dir_fd=pfd)
-    os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=pfd, follow_symlinks=False)
+def _finish_dir(fds, path, entry, dialect):
+    """A directory's owner, xattrs, mode and times, as the session saw them (owner first: a
+    chown clears setgid and capabilities; mode last: an ACL write moves the group bits)."""
+    st = entry.st
+    fd = fds.get(path)
+    where = f"/proc/self/fd/{fd}"
+    if os.geteuid() == 0 and path != "":
+        os.chown(where, st.st_uid, st.st_gid)
+    L.sync_xattrs(where, entry.xattrs or {}, dialect, follow=True)     # a directory's fd
+    os.chmod(where, stat.S_IMODE(st.st_mode))
+    if path != "":
+        os.utime(where, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def _move_into_place(pfd, name, entry):
+def _move_into_place(pfd, name, entry, dialect):
     """rename(2) the layer's file over the real one: atomic, no bytes copied. False when the
     layer is on another filesystem (then files are copied)."""
     for attr in os.listxattr(entry.src, follow_symlinks=False):
-        if attr.startswith(OVERLAY_XATTRS):
+        if attr.startswith(L.INTERNAL_XATTRS[dialect]):
             os.removexattr(entry.src, attr, follow_symlinks=False)
     try:
         os.rename(entry.src, name, dst_dir_fd=pfd)
@@ -315,6 +328,8 @@ def _place(pfd, name, entry, merged_bytes, tmp):
                     _copy_bytes(entry.src, out)
             if os.geteuid() == 0:
                 os.fchown(out, st.st_uid, st.st_gid)
+            for xname, value in (entry.xattrs or {}).items():
+                os.setxattr(out, xname, value)
             os.fchmod(out, stat.S_IMODE(st.st_mode))
             os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
@@ -405,6 +420,9 @@ def undo(data):
 def _undo_step(fds, bfd, n, step, sid):
     path = step["path"]
     if path == "":
+        if step.get("xattrs") is not None:
+            L.sync_xattrs(f"/proc/self/fd/{fds.get('')}",
+                          {k: base64.b64decode(v) for k, v in step["xattrs"].items()}, follow=True)
         if step["mode"] is not None:
             os.chmod(fds.target, stat.S_IMODE(step["mode"]))
         return
@@ -421,7 +439,11 @@ def _undo_step(fds, bfd, n, step, sid):
     # the inode the journal recorded is still here: this step never replaced it
     original_here = cur is not None and step["existed"] and cur.st_ino == step["ino"]
     if original_here:
-        if step["dir"]:          # only its mode and times may have moved
+        if step["dir"]:          # only its xattrs, mode and times may have moved
+            if step.get("xattrs") is not None:
+                where = f"/proc/self/fd/{fds.get(path)}"
+                L.sync_xattrs(where, {k: base64.b64decode(v) for k, v in step["xattrs"].items()},
+                              follow=True)
             os.chmod(name, stat.S_IMODE(step["mode"]), dir_fd=pfd)
             os.utime(name, ns=tuple(step["times"]), dir_fd=pfd, follow_symlinks=False)
         return

@@ -4,12 +4,14 @@
 `committed.json` in the session directory is what `revert` inverts; the objects, together
 with each layer's provenance, are what `blame` walks. A state is None for "absent".
 """
+import base64
 import hashlib
 import json
 import os
 import stat
 
 from overlord.txn import changes as C
+from overlord.txn import layers as L
 from overlord.txn import store
 
 READ_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -22,6 +24,17 @@ def link_state(text, st):
 
 def _owner(st):
     return {"uid": st.st_uid, "gid": st.st_gid}
+
+
+def _with_xattrs(state, values):
+    """A state's content xattrs, base64, when it has any (revert writes them back)."""
+    if values:
+        state["xattrs"] = {k: base64.b64encode(v).decode("ascii") for k, v in sorted(values.items())}
+    return state
+
+
+def xattr_values(state):
+    return {k: base64.b64decode(v) for k, v in ((state or {}).get("xattrs") or {}).items()}
 
 
 def written(keeper, view, merged, records):
@@ -38,11 +51,13 @@ def written(keeper, view, merged, records):
         elif entry.kind == "file":
             sha = keeper.put_bytes(merged[path]) if path in merged else \
                 keeper.copy(entry.src, st, known.get((path, entry.layer)))
-            out[path] = dict(_owner(st), type="file", mode=stat.S_IMODE(st.st_mode), sha=sha)
+            out[path] = _with_xattrs(dict(_owner(st), type="file", mode=stat.S_IMODE(st.st_mode),
+                                          sha=sha), entry.xattrs)
         elif entry.kind == "symlink":
             out[path] = link_state(os.readlink(entry.src), st)
         elif entry.kind == "dir":
-            out[path] = dict(_owner(st), type="dir", mode=stat.S_IMODE(st.st_mode))
+            out[path] = _with_xattrs(dict(_owner(st), type="dir", mode=stat.S_IMODE(st.st_mode)),
+                                     entry.xattrs)
         elif entry.kind == "other":
             out[path] = dict(_owner(st), type="other", mode=st.st_mode, rdev=st.st_rdev)
     return out
@@ -61,8 +76,9 @@ def replaced(keeper, bfd, steps):
             os.lstat(str(n), dir_fd=bfd)
         except FileNotFoundError:
             if step["dir"]:               # a directory replay kept in place
-                out.setdefault(path, {"type": "dir", "mode": stat.S_IMODE(step["mode"]),
-                                      "uid": step.get("uid"), "gid": step.get("gid")})
+                out.setdefault(path, dict({"type": "dir", "mode": stat.S_IMODE(step["mode"]),
+                                           "uid": step.get("uid"), "gid": step.get("gid")},
+                                          **({"xattrs": step["xattrs"]} if step.get("xattrs") else {})))
             continue
         _walk(keeper, bfd, str(n), path, out)
     return out
@@ -70,13 +86,16 @@ def replaced(keeper, bfd, steps):
 
 def _walk(keeper, dfd, name, path, out):
     st = os.lstat(name, dir_fd=dfd)
+    values = L.xattrs(f"/proc/self/fd/{dfd}/{name}") if not stat.S_ISLNK(st.st_mode) else None
     if stat.S_ISREG(st.st_mode):
-        out[path] = dict(_owner(st), type="file", mode=stat.S_IMODE(st.st_mode),
-                         sha=keeper.take_at(dfd, name))
+        out[path] = _with_xattrs(dict(_owner(st), type="file", mode=stat.S_IMODE(st.st_mode)),
+                                 values)
+        out[path]["sha"] = keeper.take_at(dfd, name)
     elif stat.S_ISLNK(st.st_mode):
         out[path] = link_state(os.readlink(name, dir_fd=dfd), st)
     elif stat.S_ISDIR(st.st_mode):
-        out[path] = dict(_owner(st), type="dir", mode=stat.S_IMODE(st.st_mode))
+        out[path] = _with_xattrs(dict(_owner(st), type="dir", mode=stat.S_IMODE(st.st_mode)),
+                                 values)
         try:
             fd = os.open(name, READ_DIR, dir_fd=dfd)
         except PermissionError:            # a mode-000 directory of the caller's own

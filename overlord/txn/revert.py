@@ -10,7 +10,8 @@ import hashlib
 import os
 import stat
 
-from overlord.txn import objects
+from overlord.txn import layers as L
+from overlord.txn import objects, retain
 from overlord.txn import replay as R
 
 WHITEOUT = stat.S_IFCHR | 0o000
@@ -100,8 +101,10 @@ def _sha_at(fds, path):
         os.close(fd)
 
 
-def stage(upper, record, target, contents):
-    """Write the "before" side of every changed path into an empty upper directory."""
+def stage(upper, record, target, contents, dialect="kernel"):
+    """Write the "before" side of every changed path into an empty upper directory, in the
+    overlay dialect of the session that will hold it."""
+    opaque = L.KERNEL_OPAQUE[0] if dialect == "kernel" else L.FUSE_OPAQUE[0]
     paths = record["paths"]
     covered = []                # staged as a non-directory: nothing below it is needed
     modes = []                                  # directory modes, set last (deepest first)
@@ -113,7 +116,7 @@ def stage(upper, record, target, contents):
         if path == "":
             modes.append((upper, before["mode"]))
             continue
-        _parents(upper, path, target, modes)
+        _parents(upper, path, target, modes, dialect)
         dest = os.path.join(upper, path)
         if not before or before["type"] != "dir":
             covered.append(path)
@@ -126,6 +129,7 @@ def stage(upper, record, target, contents):
             finally:
                 os.close(fd)
             _own(dest, before)
+            L.sync_xattrs(dest, retain.xattr_values(before), dialect)
             os.chmod(dest, before["mode"])
         elif before["type"] == "symlink":
             os.symlink(before["target"], dest)
@@ -135,8 +139,9 @@ def stage(upper, record, target, contents):
                 os.mkdir(dest, 0o700)
             if (state["after"] or {}).get("type") != "dir":
                 # a directory where the tree has a non-directory: as overlay marks one
-                os.setxattr(dest, "user.overlay.opaque", b"y")
+                os.setxattr(dest, opaque, b"y")
             _own(dest, before)
+            L.sync_xattrs(dest, retain.xattr_values(before), dialect)
             modes.append((dest, before["mode"]))
         else:
             os.mkfifo(dest, stat.S_IMODE(before["mode"]))
@@ -145,7 +150,7 @@ def stage(upper, record, target, contents):
         os.chmod(dest, mode)
 
 
-def _parents(upper, path, target, modes):
+def _parents(upper, path, target, modes, dialect):
     """Directories above path in the layer, as the view has them (so they are no change)."""
     parts = path.split("/")[:-1]
     for i in range(len(parts)):
@@ -156,6 +161,7 @@ def _parents(upper, path, target, modes):
         st = os.lstat(os.path.join(target, rel))
         os.mkdir(dest, 0o700)
         _own(dest, {"uid": st.st_uid, "gid": st.st_gid})
+        L.sync_xattrs(dest, L.xattrs(os.path.join(target, rel), dialect), dialect)
         modes.append((dest, stat.S_IMODE(st.st_mode)))
 
 

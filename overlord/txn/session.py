@@ -73,7 +73,7 @@ class Session:
         return L.stack(self.read_layers(indexes))
 
     def plan(self, indexes=None):
-        return C.plan(self.view(indexes), self.target)
+        return C.plan(self.view(indexes), self.target, self.dialect)
 
     # -- sealing ---------------------------------------------------------------------------
 
@@ -122,15 +122,17 @@ class Session:
     def prepare_upper(self):
         """A fresh, empty upper (and a work dir, which overlay empties itself on every mount)
         for the next command. The upper's root is what the command sees as the tree root: it
-        takes the mode (and owner) the view has now."""
+        takes the owner, xattrs and mode the view has now."""
         if os.path.lexists(self.path("upper")):
             remove_tree(self.path("upper"))
         os.mkdir(self.path("upper"), 0o700)
         layers = self.meta["layers"]
-        top = L.read_root(self.path("layers", layers[-1]["dir"])) if layers else os.lstat(self.target)
+        below = self.path("layers", layers[-1]["dir"]) if layers else self.target
+        top = L.read_root(below) if layers else os.lstat(self.target)
         upper = self.path("upper")
         if os.geteuid() == 0:
             os.chown(upper, top.st_uid, top.st_gid)
+        L.sync_xattrs(upper, L.xattrs(below, self.dialect), self.dialect)
         os.chmod(upper, stat.S_IMODE(top.st_mode))
         return upper, self.path("work")
 
@@ -207,7 +209,8 @@ class Session:
             # the tree root's attributes below are the top layer's own, never the flat copy's
             dirs = self.layer_dirs()[index - 1:index] if path == "" and index else stack_dirs
             before_abs, before_st, from_real = self.below(path, dirs)
-            kind = C.layer_change(entry, before_abs, before_st)
+            kind = C.layer_change(entry, before_abs, before_st,
+                                  L.xattrs(before_abs, self.dialect) if before_st is not None else None)
             if kind is None:
                 continue
             rec = {"path": path, "kind": kind, "layer": index, "caused_by": cause,

@@ -22,17 +22,31 @@ def test_kernel_dialect_whiteouts_and_opaque(tmp_path):
     assert entries["d"].kind == "dir" and entries["d"].opaque
 
 
-def test_fuse_dialect_markers_never_become_entries(tmp_path):
+def test_fuse_dialect_reads_only_the_markers_fuse_overlayfs_writes(tmp_path):
     layer = tmp_path / "layer"
     (layer / "new").mkdir(parents=True)
+    os.setxattr(layer / "new", "user.fuseoverlayfs.opaque", b"y")   # a command cannot set this
     (layer / "new" / ".wh..wh..opq").write_text("")
     whiteout(layer / "new" / ".wh..opq")
     (layer / "new" / "f").write_text("f")
-    (layer / ".wh.removed").write_text("")
+    whiteout(layer / "removed")
+    # names a command can make through the mount: never whiteouts or opaque marks
+    (layer / ".wh.important").write_text("")
+    (layer / "d").mkdir()
+    os.setxattr(layer / "d", "user.overlay.opaque", b"y")
+    (layer / "d" / ".wh..wh..opq").write_text("")
+    (layer / ".wh.dir").mkdir()
+    os.symlink("x", layer / ".wh.sym")
+    os.mkfifo(layer / ".wh.fifo")
     entries = L.read_layer(str(layer), "fuse")
-    assert set(entries) == {"", "new", "new/f", "removed"}
-    assert entries["new"].opaque
+    assert set(entries) == {"", "new", "new/f", "removed", ".wh.important", "d",
+                            "d/.wh..wh..opq", ".wh.dir", ".wh.sym", ".wh.fifo"}
+    assert entries["new"].opaque and not entries["d"].opaque
     assert entries["removed"].kind == "whiteout"
+    for name in (".wh.important", "d/.wh..wh..opq", ".wh.dir", ".wh.sym", ".wh.fifo"):
+        assert entries[name].kind == "invalid", name
+    assert entries["d"].xattrs == {"user.overlay.opaque": b"y"}     # the command's own xattr
+    assert entries["new"].xattrs == {}                                # fuse-overlayfs's mark
 
 
 def test_fuse_whiteout_naming_root_is_invalid(tmp_path):
