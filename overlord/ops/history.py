@@ -48,7 +48,8 @@ def fork(sid, at):
         os.mkdir(os.path.join(newdir, "layers"), 0o700)
         if os.path.isdir(session.path("base")):       # --merge-base copies, shared
             shutil.copytree(session.path("base"), os.path.join(newdir, "base"), copy_function=os.link)
-        for layer in session.meta["layers"][:at + 1]:
+        for i, layer in enumerate(session.meta["layers"][:at + 1]):
+            session.verify_layer(i)          # never carry a tampered layer into a new session
             history.copy_layer(session.path("layers", layer["dir"]),
                                os.path.join(newdir, "layers", layer["dir"]))
         store.append_jsonl(os.path.join(newdir, "provenance.jsonl"),

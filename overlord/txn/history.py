@@ -14,6 +14,7 @@ from overlord.errors import UsageError
 from overlord.txn import changes as C
 from overlord.txn import layers as L
 from overlord.txn import store
+from overlord.txn.seal import seal_path
 
 SELECTOR = re.compile(r"^(layer|turn|tool|call):(.+)$")
 
@@ -58,6 +59,7 @@ def rewind(session, to):
         d = session.path("layers", layer["dir"])
         _remove(d)
         _remove(L.modes_path(d))
+        _remove(seal_path(d))
     return dropped
 
 
@@ -108,6 +110,8 @@ def copy_layer(src, dst):
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
     if os.path.exists(L.modes_path(src)):
         shutil.copyfile(L.modes_path(src), L.modes_path(dst))
+    if os.path.exists(seal_path(src)):          # the same entries: the same seal
+        shutil.copyfile(seal_path(src), seal_path(dst))
 
 
 def _copy_xattrs(src, dst):

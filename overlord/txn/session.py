@@ -8,6 +8,7 @@ import time
 from overlord.txn import changes as C
 from overlord.txn import flatten
 from overlord.txn import layers as L
+from overlord.txn import seal as S
 from overlord.txn import store
 
 CLOCK_REALTIME_COARSE = 5
@@ -59,15 +60,26 @@ class Session:
     def layer_dirs(self):
         """Sealed layer directories, bottom first."""
         base = f"{self.dir}/layers/"
-        return [base + layer["dir"] for layer in self.meta["layers"]]
+        out = []
+        for layer in self.meta["layers"]:
+            name = layer.get("dir")
+            if not (isinstance(name, str) and len(name) == 4 and name.isdigit()):
+                raise S.Tampered(f"session {self.sid} has a damaged record: layer {name!r}")
+            out.append(base + name)
+        return out
 
     def read_layers(self, indexes=None):
-        """[{path: Entry}] bottom first (optionally only the chosen layer indexes)."""
+        """[{path: Entry}] bottom first (optionally only the chosen layer indexes), each layer
+        verified against its seal first."""
         out = []
         for i, d in enumerate(self.layer_dirs()):
             if indexes is None or i in indexes:
+                self.verify_layer(i)
                 out.append(L.read_layer(d, self.dialect, i))
         return out
+
+    def verify_layer(self, i):
+        S.verify(self.layer_dirs()[i], self.meta["layers"][i].get("seal"), self.sid, i)
 
     def view(self, indexes=None):
         return L.stack(self.read_layers(indexes))
@@ -156,7 +168,8 @@ class Session:
             store.write_json_atomic(L.modes_path(self.path("layers", name)), modes)
         os.rename(upper, self.path("layers", name))
         self.meta["layers"].append({"dir": name, "cause": cause, "paths": len(records),
-                                    "sealed": time.time()})
+                                    "sealed": time.time(),
+                                    "seal": S.record(self.path("layers", name))})
         store.append_jsonl(self.path("provenance.jsonl"), records)
         return index
 
@@ -182,7 +195,7 @@ class Session:
         for rec in records:
             rec["shared"] = True
         layer.setdefault("causes", [layer["cause"]]).append(cause)
-        layer.update(coarse=True, paths=len(now) - 1, sealed=time.time())
+        layer.update(coarse=True, paths=len(now) - 1, sealed=time.time(), seal=S.record(top))
         store.append_jsonl(self.path("provenance.jsonl"), records)
         return index
 
