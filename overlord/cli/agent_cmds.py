@@ -32,7 +32,7 @@ def add_parsers(sub):
         description="Run a model whose tools (list_dir, read_file, write_file, edit_file, search, "
         "shell) execute inside a transactional session: jailed and offline by default, each "
         "writing call its own savepoint stamped with its turn and call. Replies stream live. "
-        "Nothing reaches the real tree until you commit. Prints 'session <sid>' at the end; "
+        "Nothing reaches the real tree until you commit. Prints 'session SID' at the end; "
         "exits 0 when the model finished its turn, 130 when cancelled (Ctrl-C), 1 otherwise.")
     a.add_argument("task", nargs="?", help="what to do ('-' reads it from stdin); with --audit, "
                    "an optional focus")
@@ -71,7 +71,7 @@ def add_parsers(sub):
         description="Reopen an agent session on its surviving savepoints (after a rewind too), "
         "rebuild the conversation exactly as the model saw it, deliver the note and continue "
         "with the same model and settings.")
-    r.add_argument("sid")
+    r.add_argument("sid", metavar="SID", help=R.SID_HELP)
     r.add_argument("--note", metavar="TEXT", help="what to tell the model")
     r.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls")
     r.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
@@ -80,7 +80,7 @@ def add_parsers(sub):
     t = sub.add_parser("transcript", help="an agent session's transcript, readably",
                        description="Every event of an agent session: task, replies, tool calls "
                        "and results with their savepoints, compactions, resumes, rewinds, done.")
-    t.add_argument("sid")
+    t.add_argument("sid", metavar="SID", help=R.SID_HELP)
     t.add_argument("--json", action="store_true", help="the events as JSON")
 
     k = sub.add_parser("keys", help="provider API keys: set one, list which are set",
@@ -88,9 +88,13 @@ def add_parsers(sub):
                        "variables win over the store.")
     ks = k.add_subparsers(dest="keys_command", metavar="ACTION", parser_class=type(k))
     ks.required = True
-    s = ks.add_parser("set", help="store a key read from stdin (never from the command line)")
+    s = ks.add_parser("set", help="store a key read from stdin (never from the command line)",
+                      description="Store PROVIDER's API key, read from stdin (a prompt on a "
+                      "terminal; never from the command line), in OVERLORD_HOME/keys.json (0600).")
     s.add_argument("provider", choices=PROVIDERS[:-1])
-    kl = ks.add_parser("list", help="which providers have a key, and from where (never the key)")
+    kl = ks.add_parser("list", help="which providers have a key, and from where (never the key)",
+                       description="One line per provider: `env` (its environment variable), "
+                       "`store` (keys.json) or `-` (none). The key itself is never shown.")
     kl.add_argument("--json", action="store_true", help="machine-readable output")
 
     m = sub.add_parser("models", help="what a provider's endpoint serves right now",
@@ -102,7 +106,12 @@ def add_parsers(sub):
 # -- agent and resume ---------------------------------------------------------------------------
 
 class Live:
-    """Prints a run as it happens: the reply streaming in, each tool call and its result."""
+    """Prints a run as it happens: the reply streaming in, each tool call and its result.
+
+    Everything a model or a tool chose is escaped before it reaches the terminal (newlines and
+    tabs kept): a prompt-injected model must not be able to retitle, clear or rewrite it. Each
+    streamed delta is escaped on its own; escaping is per character, so an ESC or a CR is
+    escaped whichever delta it arrives in."""
 
     def __init__(self, out=None, err=None):
         self.out, self.err = out or sys.stdout, err or sys.stderr
@@ -115,11 +124,11 @@ class Live:
             self.err.write("\n")
             self.thinking = False
         if kind == "text":
-            self.out.write(text)
+            self.out.write(R.escape_block(text))
             self.out.flush()
             self.streamed = self.open_line = True
         elif kind == "thinking":
-            self.err.write(text)
+            self.err.write(R.escape_block(text))
             self.err.flush()
             self.thinking = True
         elif kind == "restart":
@@ -140,12 +149,13 @@ class Live:
         if kind == "assistant":
             text = ev["message"].get("text")
             if text and not self.streamed:
-                self.out.write(text)
+                self.out.write(R.escape_block(text))
                 self.open_line = True
             self._end_line()
             self.streamed = False
             if ev.get("stop_reason") in ("max_tokens", "refusal"):
-                self.err.write(f"[the reply ended with {ev['stop_reason']}: its tool calls are not run]\n")
+                self.err.write(f"[the reply ended with {ev['stop_reason']}: its tool calls are "
+                               "not run]\n")
         elif kind == "tool_call":
             self._end_line()
             self.out.write(f"[turn {ev['turn']}] {R.escape_path(ev['summary'])}\n")
@@ -156,7 +166,7 @@ class Live:
                            f"replaced by a handover note, {ev['kept']} kept]\n")
         elif kind == "error":
             self._end_line()
-            self.err.write(f"overlord: {ev['message']}\n")
+            self.err.write(f"overlord: {R.escape_text(str(ev['message']))}\n")
         self.out.flush()
 
 
@@ -164,7 +174,7 @@ def _result_line(ev):
     res = ev["result"]
     if res.get("is_error"):
         first = (res.get("content") or "").strip().splitlines() or ["error"]
-        return "error: " + first[0][:200]
+        return "error: " + R.escape_text(first[0][:200])
     where = f"@{ev['layer']} {', '.join(R.escape_path(p) for p in ev.get('paths') or [])}" \
         if ev.get("layer") is not None else "no change"
     code = f"exit {ev['exit_code']}, " if ev.get("tool") == "shell" else ""
@@ -183,7 +193,7 @@ def _headers(items):
 
 def _finish(result):
     sys.stdout.flush()
-    why = f" ({result.message})" if result.message and result.reason != "error" else ""
+    why = f" ({R.escape_text(result.message)})" if result.message and result.reason != "error" else ""
     print(f"session {result.sid}  pending  {R.summarize(result.changes)}; done {result.reason}{why} "
           f"after {result.turns} turn{'' if result.turns == 1 else 's'}", flush=True)
     return EXIT.get(result.reason, 1)
@@ -232,7 +242,9 @@ def cmd_transcript(args):
 
 
 def _indent(text, prefix="    "):
-    return "\n".join(prefix + line for line in (text or "").rstrip("\n").splitlines())
+    """Multi-line text a person, a model or a tool wrote, escaped and indented."""
+    text = R.escape_block(text or "").rstrip("\n")
+    return "\n".join(prefix + line for line in text.split("\n")) if text else ""
 
 
 def _transcript_line(ev):
@@ -242,17 +254,18 @@ def _transcript_line(ev):
         return f"task{' (audit)' if ev.get('audit') else ''}:\n{_indent(ev['text'])}"
     if kind == "assistant":
         msg = ev["message"]
-        head = f"{at}{ev.get('model') or 'model'} ({ev.get('stop_reason')})"
+        model, stop = (R.escape_text(str(v)) for v in (ev.get("model") or "model", ev.get("stop_reason")))
+        head = f"{at}{model} ({stop})"
         body = [_indent(ev["thinking"], "    thinking: ")] if ev.get("thinking") else []
         body += [_indent(msg.get("text"))] if msg.get("text") else []
         return "\n".join([head + ":"] + body)
     if kind == "tool_call":
-        refused = f"  -- refused: {ev['refused']}" if ev.get("refused") else ""
-        return f"{at}{R.escape_path(ev['summary'])}  (call {ev['call']}){refused}"
+        refused = f"  -- refused: {R.escape_text(str(ev['refused']))}" if ev.get("refused") else ""
+        return f"{at}{R.escape_path(ev['summary'])}  (call {R.escape_path(str(ev['call']))}){refused}"
     if kind == "tool_result":
         return f"{at}  -> {_result_line(ev)}"
     if kind == "error":
-        return f"{at}error: {ev['message']}"
+        return f"{at}error: {R.escape_text(str(ev['message']))}"
     if kind == "compaction":
         return (f"compaction at {ev['tokens']} tokens (window {ev['window']}): {ev['dropped']} "
                 f"messages dropped, {ev['kept']} kept; handover note:\n{_indent(ev['note'])}")
@@ -260,13 +273,13 @@ def _transcript_line(ev):
         return "resume" + (f" with note:\n{_indent(ev['note'])}" if ev.get("note") else "")
     if kind == "rewind":
         return (f"rewind to @{ev['to']}: {ev['dropped_events']} events dropped"
-                + (f" (archived in {ev['archive']})" if ev.get("archive") else ""))
+                + (f" (archived in {R.escape_path(ev['archive'])})" if ev.get("archive") else ""))
     if kind == "fork":
-        return f"forked from {ev['from']} at @{ev['savepoint']}"
+        return f"forked from {R.escape_path(str(ev['from']))} at @{ev['savepoint']}"
     if kind == "done":
         u = ev.get("usage") or {}
-        why = f" ({ev['message']})" if ev.get("message") else ""
-        return (f"done {ev['reason']}{why}: {ev.get('turns', 0)} turns, "
+        why = f" ({R.escape_text(str(ev['message']))})" if ev.get("message") else ""
+        return (f"done {R.escape_text(str(ev['reason']))}{why}: {ev.get('turns', 0)} turns, "
                 f"{u.get('input_tokens', 0)} input / {u.get('output_tokens', 0)} output tokens")
     return None
 
@@ -299,7 +312,8 @@ def cmd_models(args):
         R.dump_json(found)
         return 0
     if found:
-        print(R.table([(m["id"], m.get("name") or m["id"]) for m in found]))
+        print(R.table([(R.escape_path(str(m["id"])), R.escape_text(str(m.get("name") or m["id"])))
+                       for m in found]))
     return 0
 
 

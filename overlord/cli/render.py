@@ -1,9 +1,19 @@
 """Turning results into text a person reads, or JSON a script reads."""
 import json
+import os
 import sys
 import time
 
 from overlord.text import escape_block, escape_path, escape_text  # noqa: F401 (re-exported)
+
+# What a command may have left a terminal in, undone: attributes (SGR 0: colours, SGR 8 hidden
+# text), the G0 character set shifted in and set to ASCII (SI, ESC ( B: no line-drawing glyphs),
+# insert mode off, autowrap and the cursor back on.
+TERMINAL_RESET = "\x1b[0m\x0f\x1b(B\x1b[4l\x1b[?7h\x1b[?25h"
+
+# What SID means in every --help.
+SID_HELP = ("a session id as `overlord sessions` lists it, e.g. 20261201-074714-3fa2c1, or "
+            "`last` for the newest session")
 
 
 def short(digest):
@@ -40,12 +50,57 @@ def cause_text(cause):
 
 
 def owner_text(owner, width=60):
-    """A blame owner in one cell: origin / drift / unknown, or session @layer and cause."""
+    """A blame owner in one cell: origin / drift / unknown, or session @layer and cause.
+    The cause (a command line, a model's call id) is escaped: a command or a model chose it."""
     if isinstance(owner, str):
-        return owner
+        return escape_path(owner)
     brief = {k: v for k, v in owner.items() if k != "summary"}     # the call id says which
-    text = f"{owner['sid']} @{owner['layer']} {cause_text(brief)}".rstrip()
+    text = escape_path(f"{owner['sid']} @{owner['layer']} {cause_text(brief)}".rstrip())
     return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def session_cause(meta):
+    """The last column of `sessions`: what made the session (escaped), `fork of SID@N` for a
+    fork."""
+    fork = meta.get("forked_from")
+    if fork:
+        return f"fork of {escape_path(str(fork.get('sid')))}@{fork.get('at')}"
+    return escape_path(meta["command"]) if meta.get("command") else "-"
+
+
+def exit_text(code, timed_out=False, limit=None):
+    """`exit N`, with why OVERLORD ended the command: `exit 124 (timed out)`,
+    `exit 122 (disk grant of 5 MiB reached)`. limit: (grant name, value) the command crossed."""
+    if timed_out:
+        return f"exit {code} (timed out)"
+    if limit and limit[0] == "disk_mb":
+        return f"exit {code} (disk grant of {limit[1]} MiB reached)"
+    if limit:
+        return f"exit {code} ({limit[0]} grant of {limit[1]} reached)"
+    return f"exit {code}"
+
+
+def error_line(exc):
+    """`overlord: <what went wrong>` on one line: a message may quote a path or a reason a
+    command or a model chose, so every control character in it is escaped."""
+    return "overlord: " + escape_text(str(exc)).replace("\t", "\\t")
+
+
+def own_line_prefix(stream):
+    """What to write before OVERLORD's own line on stream once a command has had the terminal:
+    on a terminal, the reset above and a fresh line (so SGR 8, colours or a trailing CR in
+    the command's output cannot hide or overwrite the line); elsewhere (a pipe, a file) nothing,
+    so scripts read exactly the lines they expect.
+
+    The fresh line costs no blank line: a row of spaces as wide as the terminal wraps only when
+    the cursor is past column 0, then CR and erase-to-end-of-line clean up what it drew."""
+    try:
+        if not stream.isatty():
+            return ""
+        columns = os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return ""
+    return TERMINAL_RESET + " " * columns + "\r\x1b[K"
 
 
 def when(ts):

@@ -8,7 +8,8 @@ from overlord.ops.decide import CommitResult, commit, recover, rollback
 from overlord.ops.doctor import DoctorReport, containment_layers, doctor, sessions
 from overlord.ops.execute import (Captured, ExecResult, RunResult, command_cause, enforcement, exec_capture,
                                   exec_in, run)
-from overlord.ops.grants import load_manifest, merge_grants, resolve_target, validate_grants
+from overlord.ops.grants import (crossed_grant, load_manifest, merge_grants, require_target,
+                                 resolve_target, validate_grants)
 from overlord.ops.history import compare, fork, rewind, savepoints
 from overlord.ops.revert import revert
 from overlord.ops.review import LogRecord, blame, diff, get_session, log, syscalls
@@ -18,7 +19,8 @@ __all__ = [
     "CommitResult", "commit", "recover", "rollback",
     "DoctorReport", "containment_layers", "doctor", "sessions",
     "Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run",
-    "load_manifest", "merge_grants", "resolve_target", "validate_grants",
+    "crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target",
+    "validate_grants",
     "compare", "fork", "rewind", "savepoints", "revert",
     "LogRecord", "blame", "diff", "get_session", "log", "syscalls",
 ]

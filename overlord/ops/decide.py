@@ -9,6 +9,7 @@ from overlord.txn import changes as C
 from overlord.txn import commit as K
 from overlord.txn import history, locks, objects, replay, retain, store
 from overlord.txn.session import Session, remove_tree
+from overlord.ops.grants import require_target
 from overlord.ops.review import get_session
 
 
@@ -29,6 +30,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
     state = session.meta["state"]
     if state not in store.OPEN_STATES:
         raise OverlordError(f"cannot commit session {sid}: it is {state}")
+    require_target(session.target)
     if merge and not session.meta.get("merge_base"):
         raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
     if merge and not shutil.which("git"):
@@ -50,7 +52,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
             K.refuse_if_drift(hard, force=False)
             merged = K.three_way(session, drifts, view)
             drifts = []
-        K.refuse_if_drift(drifts, force)
+        K.refuse_if_drift(drifts, force, merge_base=session.meta.get("merge_base"))
         session.drop_flat()          # its hard links would keep files from moving into place
         keeper = objects.Keeper(sid)
 

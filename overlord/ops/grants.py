@@ -1,6 +1,7 @@
 """Grants (manifest and flags) and targets: what a session may do, and where."""
 import json
 import os
+import stat
 
 from overlord.errors import OverlordError, UsageError
 from overlord.sandbox import jail, limits
@@ -76,6 +77,27 @@ def resolve_target(target):
         raise UsageError(f"target {real} and OVERLORD_HOME {home} overlap; choose a target "
                          "that neither contains nor lies inside OVERLORD_HOME")
     return real
+
+
+def require_target(target):
+    """A session's target must still be the directory it was opened on before anything reads
+    or writes the real tree through it (diff, log, exec, commit); once it is gone the session
+    can only be rolled back."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        raise OverlordError(f"the target {target} no longer exists") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise OverlordError(f"the target {target} is no longer a directory")
+
+
+def crossed_grant(meta):
+    """(grant, granted value) a session's command crossed and was ended for, e.g.
+    ("disk_mb", 5); None when it crossed none."""
+    name = meta.get("limit")
+    if not name:
+        return None
+    return name, limits.effective((meta.get("grants") or {}).get("limits")).get(name)
 
 
 def _inside(path, root):

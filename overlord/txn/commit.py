@@ -116,7 +116,7 @@ def refuse_privileged(found):
     raise err
 
 
-def refuse_if_drift(drifts, force):
+def refuse_if_drift(drifts, force, merge_base=False):
     hard = [d for d in drifts if not d.forceable]
     soft = [d for d in drifts if d.forceable]
     if hard or (soft and not force):
@@ -124,6 +124,8 @@ def refuse_if_drift(drifts, force):
         first = shown[0]
         more = f" (and {len(shown) - 1} more)" if len(shown) > 1 else ""
         hint = "" if hard else "; commit --force overrides"
+        hint += ("; commit --merge may merge it (the session kept base copies)" if hint and merge_base
+                 and any(d.reason == "modified-externally" for d in soft) else "")
         err = Conflict(f"commit refused: {first}{more}{hint}")
         err.drifts = shown
         raise err
