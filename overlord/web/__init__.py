@@ -3,11 +3,11 @@ library's http.server, calling overlord.ops in-process.
 
     server.py    the threaded HTTP server: routing, pages, static files, security headers
     security.py  the launch token, the cookie, the Host / Origin guards, the CSP nonce
-    api.py       the JSON API over overlord.ops (sessions, actions, blame, settings, models)
+    api.py       the JSON API over overlord.ops (sessions, actions, blame, settings, models);
+                 per-file diffs come from overlord.ops.patch
     chats.py     conversations: agent runs in threads, their live events (server-sent events)
     stop.py      a Cancel that can interrupt a model call blocked in another thread
     settings.py  the workspace's settings (per-provider profiles), validated, stored 0600
-    diffs.py     per-file unified diffs of a session's change, for the inspector and dossier
     pages.py     the HTML templates, filled with escaped values and a per-response nonce
     launcher.py  the single-threaded helper that opens sessions and runs commands
     static/      the pages' CSS and JavaScript, as files (no build step, nothing fetched)

@@ -5,19 +5,26 @@ overlord.ops and nothing below it. Errors are OverlordError (their http_status: 
 malformed request, 404 for what does not exist, 409 for a refusal) or settings.Invalid (400,
 naming the field).
 """
+import base64
+import binascii
 import json
+import os
 import threading
 
 from overlord import ops
+from overlord import text as T
 from overlord.errors import OverlordError, UsageError
-from overlord.web import diffs
+from overlord.ops import patch as diffs
 from overlord.web import settings as S
 
 OPEN_STATES = ("pending", "timed-out")
+PRIVILEGED_FLAG = "--allow-privileged-modes"
+PRIVILEGED_BODY = "allow_privileged_modes"
+PROSE = ("error", "words", "message", "summary", "text", "output", "note", "title")
 META_KEYS = ("sid", "state", "target", "backend", "command", "created", "finished", "committed",
              "rolled_back", "exit_code", "grants", "enforcement", "trace", "forked_from", "audit",
              "interrupted", "forced", "merged", "committed_layers", "limit", "rewinds", "pinned",
-             "merge_base")
+             "merge_base", "allowed_privileged")
 DRIFT_WORDS = {
     "modified-externally": "was changed outside OVERLORD after this session began",
     "deleted-externally": "was deleted outside OVERLORD after this session began",
@@ -58,6 +65,34 @@ def session_row(meta, app):
 
 class Encoded(bytes):
     """A JSON body already encoded (shared by the requests one computation answered)."""
+
+
+def encode(data):
+    """JSON as UTF-8 bytes with no lone surrogate in it (strict parsers refuse them). A name
+    that is not valid UTF-8 (a path, a target, a command) comes as its escaped form plus
+    `<key>_b64`, its exact bytes (overlord.text.path_fields); in prose and lists, escaped."""
+    try:
+        return json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(exact(data), ensure_ascii=False).encode("utf-8")
+
+
+def exact(value, key=None):
+    """value with every str that is not valid UTF-8 replaced as encode() describes."""
+    if isinstance(value, str):
+        return value if T.is_exact(value) else T.escape_path(value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            k = exact(k) if isinstance(k, str) else k
+            if isinstance(v, str) and not T.is_exact(v) and k not in PROSE and f"{k}_b64" not in value:
+                out.update(T.path_fields(v, k))
+            else:
+                out[k] = exact(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [exact(v) for v in value]
+    return value
 
 
 class Coalesce:
@@ -115,20 +150,30 @@ _shared = Coalesce()
 
 def session(app, req, sid):
     """The dossier, encoded; concurrent requests for one session share the work."""
-    return _shared.run(("dossier", sid),
-                       lambda: Encoded(json.dumps(dossier(app, sid), ensure_ascii=False).encode()))
+    return _shared.run(("dossier", sid), lambda: Encoded(encode(dossier(app, sid))))
 
 
 def dossier(app, sid):
-    """The dossier: meta, the manifest (changes with before -> after hashes and causes), the
-    savepoint chain and, while the change is staged, a unified diff per file."""
+    """The dossier: meta, the manifest (changes with before -> after hashes, causes and any
+    metadata change in words), the savepoint chain and, while the change is staged, a unified
+    diff per file. After a partial commit, `changes` is what was committed and `dropped` what
+    the commit left out (never offered to blame: it is not in the folder)."""
     meta = ops.get_session(sid).meta
     records = ops.log(sid)
     staged = meta.get("state") in OPEN_STATES
     changes = ops.diff(sid) if staged else []
+    by_path = {ch.path: ch for ch in changes}
     agent = meta.get("agent") or {}
     endpoint = dict(agent.get("endpoint") or {})
     endpoint.pop("script", None)
+    kept, dropped = [], []
+    for r in records:
+        ch = by_path.get(r.path)
+        details = getattr(r, "details", None) or (getattr(ch, "details", None) if ch else None) or {}
+        row = {"path": r.path, "kind": r.kind, "layer": r.layer, "before": r.before,
+               "after": r.after, "cause": r.caused_by, "details": details,
+               "notes": detail_words(details), "privileged": list(details.get("privileged") or ())}
+        (dropped if was_dropped(r) else kept).append(row)
     return {
         "meta": {k: meta.get(k) for k in META_KEYS},
         "agent": {"model": agent.get("model"), "provider": endpoint.get("provider"),
@@ -136,11 +181,87 @@ def dossier(app, sid):
                   "audit": bool(agent.get("audit"))} if agent else None,
         "running": app.chats.running(sid),
         "staged": staged,
-        "changes": [{"path": r.path, "kind": r.kind, "layer": r.layer, "before": r.before,
-                     "after": r.after, "cause": r.caused_by} for r in records],
+        "changes": kept,
+        "dropped": dropped,
         "savepoints": ops.savepoints(sid),
-        "diffs": [diffs.file_diff(meta["target"], ch) for ch in changes],
+        "diffs": [_file_diff(meta["target"], ch) for ch in changes],
     }
+
+
+def was_dropped(record):
+    """Whether a committed session's record (ops.log) is a change its commit left out."""
+    return bool(getattr(record, "dropped", False))
+
+
+TYPE_KEYS = ("type", "before_type", "link", "rdev")
+
+
+def _file_diff(target, change):
+    """ops.patch's diff of one change, with its metadata in words: a special file says which
+    (the patch only knows "a special file"), a metadata-only change says what changed."""
+    out = diffs.file_diff(target, change)
+    details = getattr(change, "details", None) or {}
+    words = detail_words({k: v for k, v in details.items() if k not in TYPE_KEYS})
+    out["notes"], out["privileged"] = words, list(details.get("privileged") or ())
+    if details.get("type") in SPECIAL_TYPES and (out["summary"] or "").startswith("a special file"):
+        out["summary"] = detail_words({k: details[k] for k in TYPE_KEYS if k in details})[0]
+    if words and details.get("metadata_only"):
+        out["summary"] = "metadata only: " + ", ".join(words)
+    return out
+
+
+SPECIAL_BITS = ((0o4000, "setuid"), (0o2000, "setgid"), (0o1000, "sticky"))
+ACLS = {"system.posix_acl_access": "ACL", "system.posix_acl_default": "default ACL"}
+CAPABILITY = "security.capability"
+SPECIAL_TYPES = ("fifo", "socket", "char-device", "block-device")
+
+
+def detail_words(details):
+    """A change's `details` (the engine's contract) as short phrases a person reads next to the
+    path: "mode 0644 → 4644 (setuid)", "owner 0:0 → 1000:1000", "xattr user.x added",
+    "ACL changed", "file capability added", "link → /etc/passwd", "fifo"."""
+    d = details or {}
+    out = []
+    kind, before_kind = d.get("type"), d.get("before_type")
+    if kind and before_kind and kind != before_kind:
+        out.append(f"{_type_word(before_kind)} → {_type_word(kind)}")
+    elif kind and kind not in ("file", "dir", "symlink"):
+        out.append(_type_word(kind))
+    if kind in ("char-device", "block-device") and d.get("rdev"):
+        out[-1] += " {}:{}".format(*d["rdev"])
+    if d.get("link") is not None:
+        out.append(f"link → {d['link']}")
+    mode = d.get("mode")
+    if mode:
+        before, after = mode
+        added = [name for bit, name in SPECIAL_BITS if after & bit and not (before or 0) & bit]
+        removed = [name for bit, name in SPECIAL_BITS if before and before & bit and not after & bit]
+        tags = ", ".join(added + [f"no {n}" for n in removed])
+        if before is None:
+            if after & 0o7000:
+                out.append(f"mode {after:04o}" + (f" ({tags})" if tags else ""))
+        else:
+            out.append(f"mode {before:04o} → {after:04o}" + (f" ({tags})" if tags else ""))
+    owner = d.get("owner")
+    if owner:
+        (u0, g0), (u1, g1) = owner
+        out.append(f"owner {u0}:{g0} → {u1}:{g1}")
+    grants = "acl" in (d.get("privileged") or ())
+    for how, names in sorted((d.get("xattrs") or {}).items()):
+        for name in names:
+            if name in ACLS:
+                who = " (for another principal)" if grants and how != "removed" else ""
+                out.append(f"{ACLS[name]} {how}{who}")
+            elif name == CAPABILITY:
+                out.append(f"file capability {how}")
+            else:
+                out.append(f"xattr {name} {how}")
+    return out
+
+
+def _type_word(kind):
+    return {"dir": "directory", "symlink": "symlink", "fifo": "fifo", "socket": "socket",
+            "char-device": "character device", "block-device": "block device"}.get(kind, kind)
 
 
 def _not_running(app, sid, what):
@@ -150,18 +271,59 @@ def _not_running(app, sid, what):
 
 
 def commit(app, req, sid):
+    """Commit (or the savepoints chosen: `only` / `drop` selectors). A session that adds a
+    setuid or setgid bit, a file capability or an ACL is refused unless the body says
+    `allow_privileged_modes: true`; the refusal lists those paths (`privileged`)."""
     body = req.body or {}
     force, merge = _flag(body, "force"), _flag(body, "merge")
+    allow = _flag(body, PRIVILEGED_BODY)
     only, drop = _selectors(body, "only"), _selectors(body, "drop")
     _not_running(app, sid, "commit")
-    result = ops.commit(sid, force=force, merge=merge, only=only, drop=drop)
+    try:
+        result = ops.commit(sid, force=force, merge=merge, only=only, drop=drop,
+                            allow_privileged=allow)
+    except OverlordError as exc:
+        if is_privileged_refusal(exc):
+            exc.privileged_paths = _privileged(sid, getattr(exc, "privileged", None) or ())
+        raise
     app.chats.reset(sid)
+    left_out = [r.path for r in ops.log(sid) if was_dropped(r)] if only or drop else []
     return {"sid": sid, "state": "committed", "merged": result.merged,
-            "changes": [{"path": ch.path, "kind": ch.kind} for ch in result.changes]}
+            "changes": [{"path": ch.path, "kind": ch.kind} for ch in result.changes],
+            "dropped": left_out}
+
+
+def is_privileged_refusal(exc):
+    return PRIVILEGED_FLAG in str(exc) or bool(getattr(exc, "privileged", None))
+
+
+def _privileged(sid, found):
+    """[{path, adds: [...], notes: [...]}] for the refusal's (path, [what]) pairs, with each
+    change's metadata in words."""
+    try:
+        details = {ch.path: ch.details for ch in ops.diff(sid)}
+    except OverlordError:
+        details = {}
+    return [{"path": path, "adds": list(what), "notes": detail_words(details.get(path))}
+            for path, what in found]
+
+
+def refusal(exc):
+    """An OverlordError as the JSON body of its answer: the line, and what the page needs to
+    say it in words -- the drifts, or the privileged modes and the body flag that allows them."""
+    body = {"error": str(exc)}
+    drifts = drift_words(exc)
+    if drifts:
+        body["drifts"] = drifts
+    if is_privileged_refusal(exc):
+        body["error"] = str(exc).replace(PRIVILEGED_FLAG, PRIVILEGED_BODY)
+        body["privileged"] = getattr(exc, "privileged_paths", None) or []
+        body["override"] = PRIVILEGED_BODY
+    return body
 
 
 def rollback(app, req, sid):
-    _not_running(app, sid, "discard")
+    _not_running(app, sid, "discard (roll back)")
     ops.rollback(sid)
     app.chats.reset(sid)
     return {"sid": sid, "state": "rolled-back"}
@@ -181,7 +343,13 @@ def fork(app, req, sid):
 
 
 def blame(app, req):
+    """?path=<a file of a known folder>, or ?path_b64= for a name that is not UTF-8."""
     path = req.query.get("path")
+    if req.query.get("path_b64"):
+        try:
+            path = os.fsdecode(base64.b64decode(req.query["path_b64"], validate=True))
+        except (binascii.Error, ValueError):
+            raise UsageError("path_b64 is not base64") from None
     if not path:
         raise UsageError("blame needs ?path=<a file inside a folder OVERLORD knows>")
     return ops.blame(path)
@@ -242,6 +410,8 @@ def models(app, req):
     if base_url:
         S.check_profile({"base_url": base_url}, S.empty_profile(), provider)
     knobs = prof.get("knobs") or {}
+    if provider == S.DEMO:
+        return {"provider": provider, "models": ops.models(provider, script=S.DEMO_SCRIPT)}
     listed = ops.models(provider, base_url=base_url, headers=prof["headers"] or None,
                         api=knobs.get("api"), azure_api_version=knobs.get("azure_api_version"))
     return {"provider": provider, "models": listed}

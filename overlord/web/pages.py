@@ -1,9 +1,10 @@
 """The pages and their assets: real files in static/, read once at start-up.
 
-Templates are HTML files with `{{name}}` slots (filled with escaped text), `{{{name}}}` slots
-(filled with HTML this module built from another template) and `{{asset:NAME}}` (the asset's
-URL with its content hash, so a browser may cache it for good). Every page gets a fresh CSP
-nonce in `{{nonce}}`; nothing inline runs without it, and nothing inline is styled.
+Templates are HTML files with `{{name}}` slots (filled with escaped text; a name that is not
+valid UTF-8 shows its bytes as \\xNN), `{{{name}}}` slots (filled with HTML this module built
+from another template) and `{{asset:NAME}}` (the asset's URL with its content hash, so a
+browser may cache it for good). Every page gets a fresh CSP nonce in `{{nonce}}`; nothing
+inline runs without it, and nothing inline is styled.
 """
 import hashlib
 import html
@@ -11,12 +12,15 @@ import os
 import re
 import time
 
+from overlord.text import escape_path, is_exact
+
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png",
          ".ico": "image/x-icon"}
 SLOT = re.compile(r"\{\{\{(\w+)\}\}\}|\{\{(asset:[\w.-]+|\w+)\}\}")
 TEMPLATES = ("workspace.html", "console.html", "register-row.html", "unauthorized.html")
+STATE_LABELS = {"rolled-back": "rolled back", "timed-out": "timed out"}    # as common.js's stateLabel
 
 
 class Asset:
@@ -57,7 +61,8 @@ class Pages:
                 return html.escape(self.assets[name[6:]].url)
             if name == "nonce":
                 return nonce
-            return html.escape(str(slots.get(name, "")))
+            value = str(slots.get(name, ""))
+            return html.escape(value if is_exact(value) else escape_path(value))
         return SLOT.sub(fill, self.templates[template])
 
     def register_rows(self, rows):
@@ -65,6 +70,7 @@ class Pages:
         out = []
         for r in rows:
             out.append(self.render("register-row.html", "", sid=r["sid"], state=r["state"] or "?",
+                                   label=STATE_LABELS.get(r["state"], r["state"] or "?"),
                                    when=_when(r.get("created")), what=r.get("command") or "-",
                                    target=r.get("target") or "", layers=r.get("layers", 0),
                                    kind="chat" if r.get("chat") else "command"))

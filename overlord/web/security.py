@@ -20,7 +20,9 @@ import hashlib
 import hmac
 import http.cookies
 import os
+import re
 import secrets
+import urllib.parse
 
 COOKIE = "overlord_ui"
 UNSAFE = ("POST", "PUT", "PATCH", "DELETE")
@@ -109,6 +111,29 @@ class Guard:
     def set_cookie(self):
         return (f"{COOKIE}={self.cookie_value}; Path=/; HttpOnly; SameSite=Strict; "
                 "Max-Age=2592000")
+
+
+REDACTED = "[redacted]"
+_SECRETS = (
+    (re.compile(r"(?i)(token=)[^&\s\"'#]*"), r"\1" + REDACTED),             # ?token=T
+    (re.compile(r"(?i)(authorization:\s*)[^\r\n]*"), r"\1" + REDACTED),
+    (re.compile(r"(?i)(cookie:\s*)[^\r\n]*"), r"\1" + REDACTED),
+    (re.compile(r"(?i)(bearer\s+)[^\s\"']+"), r"\1" + REDACTED),
+    (re.compile(COOKIE + r"=[^;\s\"']*"), COOKIE + "=" + REDACTED),
+)
+
+
+def redact(line, secrets=()):
+    """A log line with the launch token and credentials taken out: `token=` query values
+    (however %-encoded: the line is decoded first), Authorization and Cookie headers, Bearer
+    values, the session cookie, and each of `secrets` wherever it appears."""
+    line = urllib.parse.unquote(line, errors="replace")
+    for pattern, replacement in _SECRETS:
+        line = pattern.sub(replacement, line)
+    for secret in secrets:
+        if secret:
+            line = line.replace(secret, REDACTED)
+    return line
 
 
 def nonce():

@@ -29,6 +29,7 @@ from overlord.web import settings as S
 from overlord.web.chats import Chats
 
 MAX_BODY = 1 << 20
+DRAIN_MAX = 8 << 20           # a refused body up to this size is read (and dropped) before the 413
 SID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 S_ID = object()               # a route segment that is a session id
 
@@ -112,8 +113,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return self.server_version
 
     def log_message(self, fmt, *args):
+        """OVERLORD_UI_LOG: one line a request, with the launch token and credentials redacted
+        (the first request of a session is `GET /?token=...`)."""
         if os.environ.get("OVERLORD_UI_LOG"):
-            sys.stderr.write("%s - %s\n" % (self.address_string(), fmt % args))
+            guard = self.app.guard if getattr(self.server, "app", None) else None
+            known = (guard.token, guard.cookie_value) if guard else ()
+            line = "%s - %s" % (self.address_string(), fmt % args)
+            sys.stderr.write(security.redact(line, known) + "\n")
 
     def do_GET(self):
         self.serve()
@@ -125,25 +131,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def serve(self):
         try:
             self.respond(self.route())
-        except HTTPError as exc:
-            self.send_json(exc.status, {"error": str(exc), **exc.extra})
-        except S.Invalid as exc:
-            self.send_json(400, {"error": str(exc), "field": exc.field})
-        except OverlordError as exc:
-            body = {"error": str(exc)}
-            drifts = api.drift_words(exc)
-            if drifts:
-                body["drifts"] = drifts
-            self.send_json(exc.http_status, body)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer, never a hang
+            try:
+                self.fail(exc)
+            except OSError:
+                self.close_connection = True     # the client went away meanwhile
+
+    def fail(self, exc):
+        """Answer a request that raised, as JSON with its status. Whatever the handler had
+        begun (a status line and headers buffered, not sent) is thrown away first, so the
+        client always gets one whole answer -- never a hang, never half an answer."""
+        self._headers_buffer = []
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, TimeoutError)):
             self.close_connection = True
-        except OSError as exc:
+        elif isinstance(exc, HTTPError):
+            self.send_json(exc.status, {"error": str(exc), **exc.extra})
+        elif isinstance(exc, S.Invalid):
+            self.send_json(400, {"error": str(exc), "field": exc.field})
+        elif isinstance(exc, OverlordError):
+            self.send_json(exc.http_status, api.refusal(exc))
+        elif isinstance(exc, OSError):
             # a session's files moved while they were read (a command sealing, a commit)
             where = f" ({exc.filename})" if exc.filename else ""
             self.send_json(503, {"error": f"the session changed while it was read: "
                                           f"{exc.strerror or exc}{where}; try again"})
-        except Exception:  # noqa: BLE001 - a bug is logged and answered, never a dropped socket
-            traceback.print_exc()
+        else:  # a bug: logged and answered, never a dropped socket
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
             self.send_json(500, {"error": "internal error (the server's log has the details)"})
 
     def route(self):
@@ -258,6 +271,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         n = int(length)
         if n > MAX_BODY:
             self.close_connection = True
+            if n <= DRAIN_MAX:
+                self.drain(n)           # closing on an unread body resets the connection, and
+                #                         the client would lose the 413 with its own write
             raise HTTPError(413, f"the body is over {MAX_BODY >> 10} KiB")
         data = self.rfile.read(n)
         if len(data) != n:
@@ -272,6 +288,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             raise HTTPError(400, "the body must be a JSON object")
         return body
+
+    def drain(self, n):
+        """Read and throw away n bytes of a refused body (or until the client stops)."""
+        while n > 0:
+            chunk = self.rfile.read(min(n, 1 << 16))
+            if not chunk:
+                return
+            n -= len(chunk)
 
     # -- answers ------------------------------------------------------------------------------
 
@@ -305,14 +329,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_json(status, data)
 
     def send_json(self, status, data):
+        """One JSON answer. The body is encoded before anything is buffered, so a value that
+        cannot be encoded fails before the status line, never half-way through an answer."""
         if isinstance(data, api.Encoded):
             self.start(status, [])
             return self.finish_body(data, "application/json; charset=utf-8")
         extra = []
         if isinstance(data, dict) and "allow" in data:
             extra.append(("Allow", ", ".join(data.pop("allow"))))
+        body = api.encode(data)
         self.start(status, extra)
-        self.finish_body(json.dumps(data, ensure_ascii=False).encode(), "application/json; charset=utf-8")
+        self.finish_body(body, "application/json; charset=utf-8")
 
     def send_error(self, code, message=None, explain=None):
         """http.server's own refusals (a bad request line, headers too long), as JSON."""
@@ -356,8 +383,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if name == "ping":
                     self.wfile.write(b": ping\n\n")
                 else:
-                    text = json.dumps(data, ensure_ascii=False)
-                    self.wfile.write(f"event: {name}\ndata: {text}\n\n".encode())
+                    self.wfile.write(b"event: %s\ndata: %s\n\n" % (name.encode(), api.encode(data)))
                 self.wfile.flush()
         except (OSError, ValueError):
             pass                      # the page went away

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import pytest
 
@@ -290,7 +291,13 @@ def test_rewind_fork_and_commit_by_dropping_savepoints(ui, ovl, target):
     assert ui.post(f"/api/session/{sid}/commit", {"force": "yes"}).status == 400
     done = ui.ok("POST", f"/api/session/{sid}/commit", {"drop": ["layer:1"]})
     assert sorted(c["path"] for c in done["changes"]) == ["f2.txt", "zero.txt"]
+    assert done["dropped"] == ["f1.txt"]
     assert not (target / "f1.txt").exists() and (target / "f2.txt").read_text() == "2\n"
+    # the record says what was committed, and lists what was left out apart, as dropped
+    d = ui.ok("GET", f"/api/session/{sid}")
+    assert sorted(c["path"] for c in d["changes"]) == ["f2.txt", "zero.txt"]
+    assert [(c["path"], c["layer"]) for c in d["dropped"]] == [("f1.txt", 1)]
+    assert d["meta"]["committed_layers"] == [0, 2]
     assert ui.ok("POST", f"/api/session/{fork['sid']}/rollback") == {"sid": fork["sid"], "state": "rolled-back"}
 
 
@@ -310,7 +317,7 @@ def test_settings_round_trip_keep_profiles_and_refuse_bad_values(ui, home, targe
     s = ui.ok("GET", "/api/settings")
     assert s["provider"] == "anthropic" and s["folder"] == str(target)
     assert s["sandbox"] == {"jail": True, "net": "none"}
-    assert set(s["profiles"]) == {"anthropic", "openai", "azure", "openai-compatible", "gemini"}
+    assert set(s["profiles"]) == {"anthropic", "openai", "azure", "openai-compatible", "gemini", "scripted"}
     ui.ok("PUT", "/api/settings", {"provider": "openai", "profile": {
         "model": "gpt-x", "base_url": "https://gw.example/v1", "headers": "X-Team: blue\nX-Api-Key: s3cr3t-value",
         "knobs": {"max_tokens": "2048", "temperature": "0.5", "effort": "high", "stop": ["END"]}}})
@@ -394,3 +401,109 @@ def test_the_ui_command(home, target):
         assert taken.returncode == 1 and "cannot listen" in taken.stderr
     finally:
         server.close()
+
+
+# -- names that are not UTF-8, metadata, privileged modes, the request log -------------------------
+
+def test_a_target_whose_name_is_not_utf8_is_listed_with_its_bytes(ui, ovl, tmp_path):
+    """It once hung GET /api/sessions (item 4): now strict JSON, escaped text plus *_b64."""
+    import base64
+    raw = os.fsencode(str(tmp_path)) + b"/t\xff"
+    os.mkdir(raw)
+    with open(raw + b"/n\xfe.txt", "wb") as f:
+        f.write(b"old\n")
+    script = "echo new > \"$(printf 'n\\376.txt')\"; echo x > \"$(printf 'b\\375')\""
+    proc = ovl("run", "-t", os.fsdecode(raw), "--", "sh", "-c", script)
+    assert proc.returncode == 0, proc.err
+    sid = SESSION_RE.search(proc.out).group(1)
+
+    def strict(r):
+        assert r.status == 200, r.body
+        text = r.body.decode("utf-8")                     # valid UTF-8, so no lone surrogate
+        assert not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+        return json.loads(text)
+    conn = ui.conn(timeout=10)                             # a hang is a timeout, a failure
+    try:
+        rows = strict(ui.get("/api/sessions", conn=conn))["sessions"]
+    finally:
+        conn.close()
+    assert rows[0]["target"] == f"{tmp_path}/t\\xff"
+    assert base64.b64decode(rows[0]["target_b64"]) == raw
+    d = strict(ui.get(f"/api/session/{sid}"))
+    paths = {base64.b64decode(c["path_b64"]) if "path_b64" in c else c["path"].encode(): c
+             for c in d["changes"]}
+    assert set(paths) == {b"n\xfe.txt", b"b\xfd"}, paths
+    assert paths[b"n\xfe.txt"]["path"] == "n\\xfe.txt" and paths[b"n\xfe.txt"]["kind"] == "modified"
+    assert {x["path"] for x in d["diffs"]} == {"n\\xfe.txt", "b\\xfd"}
+    page = ui.get("/console")
+    assert page.status == 200 and "t\\xff" in page.body.decode("utf-8")
+    assert ui.ok("POST", f"/api/session/{sid}/commit")["state"] == "committed"
+    committed = strict(ui.get(f"/api/session/{sid}"))
+    assert committed["meta"]["target_b64"] == rows[0]["target_b64"]
+    # blame by the exact bytes of a name that is not UTF-8
+    q = urllib.parse.quote(base64.b64encode(raw + b"/n\xfe.txt").decode(), safe="")
+    blame = strict(ui.get("/api/blame?path_b64=" + q))
+    assert [line["text"] for line in blame["lines"]] == ["new"]
+    assert ui.get("/api/blame?path_b64=not*base64").status == 400
+
+
+def test_metadata_changes_and_privileged_modes_in_words(ui, ovl, target):
+    """chmod u+s lands only when the person allows it; the dossier says what changed."""
+    sid = session(ovl, target, "chmod u+s hello.txt; chmod 0600 sub/a.txt")
+    d = ui.ok("GET", f"/api/session/{sid}")
+    notes = {c["path"]: c["notes"] for c in d["changes"]}
+    before = stat.S_IMODE(os.stat(target / "hello.txt").st_mode)
+    assert notes["hello.txt"] == [f"mode {before:04o} → {before | 0o4000:04o} (setuid)"]
+    assert {c["path"]: c["privileged"] for c in d["changes"]}["hello.txt"] == ["setuid"]
+    assert notes["sub/a.txt"] == [f"mode {stat.S_IMODE(os.stat(target / 'sub/a.txt').st_mode):04o} → 0600"]
+    diffs = {x["path"]: x for x in d["diffs"]}
+    assert diffs["hello.txt"]["summary"].startswith("metadata only: mode ")
+    r = ui.post(f"/api/session/{sid}/commit")
+    assert r.status == 409
+    assert r.json["override"] == "allow_privileged_modes" and "allow_privileged_modes" in r.json["error"]
+    assert r.json["privileged"] == [{"path": "hello.txt", "adds": ["setuid"], "notes": notes["hello.txt"]}]
+    assert not stat.S_IMODE(os.stat(target / "hello.txt").st_mode) & 0o4000
+    assert ui.post(f"/api/session/{sid}/commit", {"allow_privileged_modes": "yes"}).status == 400
+    done = ui.ok("POST", f"/api/session/{sid}/commit", {"allow_privileged_modes": True})
+    assert done["state"] == "committed"
+    assert stat.S_IMODE(os.stat(target / "hello.txt").st_mode) & 0o4000
+    d = ui.ok("GET", f"/api/session/{sid}")
+    assert d["meta"]["allowed_privileged"] and d["dropped"] == []
+    assert {c["path"]: c["notes"] for c in d["changes"]}["hello.txt"] == notes["hello.txt"]
+
+
+def test_the_request_log_never_writes_the_launch_token(home, target):
+    server = UI(home, target, env={"OVERLORD_UI_LOG": "1"})
+    try:
+        r = server.get(f"/?token={server.token}", auth=False)
+        assert r.status == 303
+        cookie = r.header("set-cookie").split(";")[0]
+        assert server.get("/console?x=1", auth=False, headers={"Cookie": cookie}).status == 200
+        assert server.get(f"/console?%74oken={server.token}", auth=False).status == 303
+        assert server.get("/api/sessions").status == 200            # Bearer
+        assert server.get(f"/?token={'0' * 48}", auth=False).status == 401
+        conn = server.conn()
+        conn.sock = None
+        conn.connect()
+        conn.sock.sendall(f"BREW /?token={server.token} HTTP/1.1\r\nHost: {server.host}\r\n\r\n".encode())
+        conn.sock.recv(4096)
+        conn.close()
+    finally:
+        server.close()
+    log = server.stderr()
+    assert "/console?x=1" in log and "/api/sessions" in log            # it is the request log
+    assert server.token not in log and cookie.split("=", 1)[1] not in log
+    assert log.count("token=[redacted]") >= 3
+
+
+def test_an_unchanged_session_is_listed_and_has_a_dossier(ui, ovl, target):
+    """A run that changed nothing is recorded `unchanged` and closed (item 8)."""
+    sid = session(ovl, target, "true")
+    rows = {r["sid"]: r for r in ui.ok("GET", "/api/sessions")["sessions"]}
+    assert rows[sid]["state"] == "unchanged"
+    d = ui.ok("GET", f"/api/session/{sid}")
+    assert d["meta"]["state"] == "unchanged" and d["staged"] is False
+    assert d["changes"] == [] and d["dropped"] == [] and d["diffs"] == []
+    assert ui.post(f"/api/session/{sid}/commit").status == 409
+    page = ui.get("/console").body.decode()
+    assert f'data-sid="{sid}" data-state="unchanged"' in page
