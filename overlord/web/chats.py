@@ -107,6 +107,8 @@ class Chats:
             raise S.Invalid("provider", f"provider must be one of {', '.join(S.PROVIDERS)}")
         prof = cfg["profiles"][provider]
         model = body.get("model") or prof["model"] or None
+        if model is None and provider != S.DEMO:
+            raise S.Invalid("model", "choose a model in Settings first")
         if model is not None and (not isinstance(model, str) or len(model) > 200):
             raise S.Invalid("model", "model must be a model id")
         folder = S.check_folder(body.get("folder") or cfg["folder"])
@@ -125,6 +127,7 @@ class Chats:
             with launcher.opening(on_open):
                 self._drive(box, stop, lambda on_event, on_delta: ops.agent(
                     task, target=folder, provider=provider, model=model,
+                    script=S.DEMO_SCRIPT if provider == S.DEMO else None,
                     base_url=prof["base_url"] or None, headers=prof["headers"] or None,
                     knobs=prof["knobs"], system=prof["system"] or None, jail=sandbox["jail"],
                     net=sandbox["net"], audit=audit, on_event=on_event, on_delta=on_delta,
@@ -345,6 +348,12 @@ def view_of(event, index):
                                                "truncated", "timed_out", "cancelled", "ms", "not_run")})
         view.update(output=content[:OUTPUT_CHARS], clipped=len(content) > OUTPUT_CHARS,
                     is_error=bool(result.get("is_error")))
+    elif kind in ("error", "done"):
+        # the reason a run failed is the point of these: its message is the provider's or the
+        # session's own line (`cannot reach 127.0.0.1:11434: connection refused`)
+        view.update({k: v for k, v in event.items() if k not in ("type", "at")})
+        if not isinstance(view.get("message"), str):
+            view["message"] = None
     else:
         view.update({k: v for k, v in event.items() if k not in ("message", "results", "type", "at")})
     return view

@@ -1,5 +1,7 @@
 """The workspace's settings: which provider new conversations use, one profile per provider
 (model, endpoint, extra headers, generation knobs), the working folder and the sandbox grants.
+The `scripted` provider is the demo: a script shipped with OVERLORD (overlord/agent/demo.json)
+plays the model, so a newcomer sees a whole conversation, its diff and a commit without a key.
 
 Kept in OVERLORD_HOME/ui-settings.json, mode 0600 (a gateway header may be a credential).
 API keys are not kept here: they go to the key store through ops.keys_set and are never sent
@@ -16,9 +18,14 @@ import urllib.parse
 from overlord.errors import UsageError
 from overlord.txn import store
 
-PROVIDERS = ("anthropic", "openai", "azure", "openai-compatible", "gemini")
+DEMO = "scripted"             # the demo: a bundled script plays the model (no key, no network)
+DEMO_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "agent", "demo.json")
+PROVIDERS = ("anthropic", "openai", "azure", "openai-compatible", "gemini", DEMO)
 LABELS = {"anthropic": "Anthropic", "openai": "OpenAI", "azure": "Azure OpenAI",
-          "openai-compatible": "OpenAI-compatible", "gemini": "Gemini"}
+          "openai-compatible": "OpenAI-compatible", "gemini": "Gemini",
+          DEMO: "Demo (a scripted conversation, no key needed)"}
+NEEDS_KEY = ("anthropic", "openai", "azure", "gemini")
 MASK = "\u2022" * 8
 SECRET_HINTS = ("auth", "key", "token", "secret", "cookie")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
@@ -89,6 +96,8 @@ class Settings:
                                for k, v in prof["headers"].items()}
         data["keys"] = {p: keys.get(p) for p in PROVIDERS}
         data["labels"] = LABELS
+        data["needs_key"] = list(NEEDS_KEY)
+        data["demo"] = DEMO
         return data
 
     def update(self, change):
@@ -113,6 +122,8 @@ class Settings:
             if "sandbox" in change:
                 data["sandbox"] = check_sandbox(change["sandbox"])
             key = change.get("api_key")
+            if key and provider not in NEEDS_KEY and provider != "openai-compatible":
+                raise Invalid("api_key", f"{LABELS[provider]} takes no API key")
             if key is not None and (not isinstance(key, str) or not key.strip() or
                                     len(key) > 4096 or any(c.isspace() for c in key.strip())):
                 raise Invalid("api_key", "an API key is one line of text without spaces")

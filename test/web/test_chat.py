@@ -339,3 +339,57 @@ def test_sandbox_grants_from_settings_and_refusals_in_settings_words(home, targe
         fuse.ok("POST", f"/api/session/{sid}/rollback")
     finally:
         fuse.close()
+
+
+# -- the workspace for someone without a key --------------------------------------------------------
+
+def closed_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()                       # nothing listens there now: a connection is refused
+    return port
+
+
+def test_the_demo_provider_runs_a_whole_conversation_without_a_key(ui, target):
+    before = tree(target)
+    s = ui.ok("PUT", "/api/settings", {"provider": "scripted"})
+    assert "scripted" in s["providers"] and s["demo"] == "scripted" and "scripted" not in s["needs_key"]
+    listed = ui.ok("GET", "/api/models?provider=scripted")["models"]
+    assert [m["id"] for m in listed] == ["overlord-demo"]
+    sid = start(ui, "show me")
+    events = ui.wait_idle(sid)
+    assert records(events, "done")[-1]["reason"] == "end_turn"
+    assert [r["exit_code"] for r in records(events, "tool_result")] == [0, 0, 0]
+    assert "demo script" in records(events, "assistant")[0]["text"]
+    assert tree(target) == before                               # nothing on disk before Commit
+    d = ui.ok("GET", f"/api/session/{sid}")
+    assert [(c["path"], c["kind"]) for c in d["changes"]] == [("OVERLORD-DEMO.md", "added")]
+    assert d["agent"]["model"] == "overlord-demo" and d["agent"]["provider"] == "scripted"
+    assert "script" not in d["agent"]["endpoint"]
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    assert (target / "OVERLORD-DEMO.md").read_text().startswith("# Written by the OVERLORD demo")
+
+
+def test_a_failed_run_says_why_from_the_transcript(ui, target):
+    port = closed_port()
+    ui.ok("PUT", "/api/settings", {"provider": "openai-compatible",
+                                   "profile": {"model": "m", "base_url": f"http://127.0.0.1:{port}/v1"}})
+    sid = start(ui, "hi")
+    events = ui.wait_idle(sid)
+    error = records(events, "error")[-1]["message"]
+    assert f"cannot reach 127.0.0.1:{port}" in error and "refused" in error, error
+    done = records(events, "done")[-1]
+    assert done["reason"] == "error" and done["message"] == error
+    chat = ui.ok("GET", f"/api/chats/{sid}")
+    assert [r["message"] for r in chat["records"] if r["type"] == "done"] == [error]
+    assert ui.ok("GET", "/api/chats")["chats"][0]["last"]["message"] == error
+    ui.ok("POST", f"/api/session/{sid}/rollback")
+
+
+def test_a_start_without_a_model_says_so(ui, fake):
+    ui.ok("PUT", "/api/settings", {"provider": "openai-compatible", "profile": {"base_url": fake.url}})
+    r = ui.post("/api/chats", {"message": "hi"})
+    assert r.status == 400 and r.json["field"] == "model" and "model" in r.json["error"]
+    assert ui.ok("GET", "/api/chats")["chats"] == []

@@ -1,6 +1,7 @@
 """The web face's pure parts, without a server: diffs as correct patches, the request
 coalescing (no answer older than its request), settings validation, the guard's decisions,
 and Stop breaking a blocked socket read in another thread."""
+import os
 import random
 import re
 import socket
@@ -11,7 +12,8 @@ from email.message import Message
 import pytest
 
 from overlord.agent.cancel import Cancelled
-from overlord.web import api, diffs, security, settings
+from overlord.ops import patch as diffs
+from overlord.web import api, security, settings
 from overlord.web.stop import Stop
 
 
@@ -173,3 +175,142 @@ def test_stop_breaks_a_model_call_blocked_in_another_thread():
     with pytest.raises(Cancelled):
         with stop.interruptible():
             pass
+
+
+# -- names that are not UTF-8, metadata in words, the request log, the transcript's reasons -------
+
+def _no_lone_surrogate(text):
+    return not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def test_json_answers_never_carry_lone_surrogates():
+    import base64
+    import json
+    raw = b"/srv/t\xff/caf\xc3\xa9"
+    path = os.fsdecode(raw)
+    data = {"target": path, "sessions": [{"path": path, "paths": [path, "ok"], "error": f"no {path}"}],
+            "plain": "café", path: 1}
+    body = api.encode(data)
+    text = body.decode("utf-8")                       # strict: valid UTF-8
+    assert _no_lone_surrogate(text)
+    out = json.loads(text)
+    assert out["target"] == "/srv/t\\xff/café" and base64.b64decode(out["target_b64"]) == raw
+    row = out["sessions"][0]
+    assert base64.b64decode(row["path_b64"]) == raw and row["paths"] == ["/srv/t\\xff/café", "ok"]
+    assert row["error"] == "no /srv/t\\xff/café" and "error_b64" not in row       # prose: escaped only
+    assert out["plain"] == "café" and "plain_b64" not in out
+    assert "/srv/t\\xff/café" in out
+    exact = {"path": "/srv/ok", "n": [1, None, True]}
+    assert api.encode(exact) == json.dumps(exact, ensure_ascii=False).encode()   # untouched
+
+
+def test_metadata_changes_in_words():
+    words = api.detail_words
+    assert words({"type": "file", "mode": [0o644, 0o4644], "privileged": ["setuid"],
+                  "metadata_only": True}) == ["mode 0644 → 4644 (setuid)"]
+    assert words({"type": "file", "mode": [0o2755, 0o755]}) == ["mode 2755 → 0755 (no setgid)"]
+    assert words({"type": "file", "mode": [None, 0o644]}) == []           # an ordinary new file
+    assert words({"type": "file", "mode": [None, 0o6755], "privileged": ["setuid", "setgid"]}) == [
+        "mode 6755 (setuid, setgid)"]
+    assert words({"type": "file", "owner": [[0, 0], [1000, 1000]]}) == ["owner 0:0 → 1000:1000"]
+    assert words({"xattrs": {"added": ["user.x", "system.posix_acl_access"], "removed": ["user.y"],
+                             "changed": ["security.capability"]}, "privileged": ["acl"]}) == [
+        "xattr user.x added", "ACL added (for another principal)", "file capability changed",
+        "xattr user.y removed"]
+    assert words({"type": "symlink", "before_type": "file", "link": "/etc/passwd"}) == [
+        "file → symlink", "link → /etc/passwd"]
+    assert words({"type": "char-device", "rdev": [1, 3]}) == ["character device 1:3"]
+    assert words({"type": "fifo"}) == ["fifo"] and words({}) == [] and words(None) == []
+
+
+def test_the_request_log_never_holds_the_token_or_credentials():
+    token, cookie = "ab" * 24, "cd" * 32
+    lines = [f'127.0.0.1 - "GET /?token={token} HTTP/1.1" 303 -',
+             f'127.0.0.1 - "GET /console?x=1&Token={token}#f HTTP/1.1" 303 -',
+             f"127.0.0.1 - code 400, message Bad request syntax "
+             f"('GET /?%74oken=%{ord(token[0]):02x}{token[1:]} HTTP/1.1')",
+             f"Authorization: Bearer {token}", f"Cookie: overlord_ui={cookie}; a=b",
+             f'127.0.0.1 - "GET /api/x?tok={token} HTTP/1.1" 404 -']
+    for line in lines:
+        out = security.redact(line, (token, cookie))
+        assert token not in out and cookie not in out and security.REDACTED in out, out
+    assert security.redact('"GET /api/sessions HTTP/1.1" 200 -') == '"GET /api/sessions HTTP/1.1" 200 -'
+
+
+def test_a_failed_runs_reason_reaches_the_page():
+    from overlord.web import chats
+    error = chats.view_of({"type": "error", "turn": 1, "message": "anthropic: cannot reach "
+                           "127.0.0.1:9: connection refused", "at": 1.0}, 4)
+    assert error == {"i": 4, "type": "error", "at": 1.0, "turn": 1,
+                     "message": "anthropic: cannot reach 127.0.0.1:9: connection refused"}
+    done = chats.view_of({"type": "done", "reason": "error", "turns": 1, "usage": {},
+                          "message": "anthropic: cannot reach 127.0.0.1:9: connection refused"}, 5)
+    assert done["reason"] == "error" and "connection refused" in done["message"]
+    task = chats.view_of({"type": "task", "text": "hi", "message": {"role": "user"}}, 0)
+    assert "message" not in task
+
+
+def test_the_demo_provider_ships_its_script(home):
+    import json
+    from overlord.agent.providers import scripted
+    assert settings.DEMO in settings.PROVIDERS and settings.DEMO not in settings.NEEDS_KEY
+    model, turns = scripted.load(settings.DEMO_SCRIPT)
+    assert model == "overlord-demo" and len(turns) >= 3
+    writes = [c for t in turns for c in t.get("tool_calls", ()) if c["name"] == "write_file"]
+    assert writes, "the demo changes the folder, so there is a diff to review and commit"
+    assert turns[-1].get("tool_calls") is None                # it ends, it does not loop
+    with open(os.path.join(os.path.dirname(settings.__file__), "..", "..", "pyproject.toml")) as f:
+        assert '"overlord.agent" = ["demo.json"]' in f.read()   # shipped as package data
+    json.dumps(settings.Settings("/").public({}))
+    with pytest.raises(settings.Invalid) as e:
+        settings.Settings("/").update({"provider": settings.DEMO, "api_key": "k-123"})
+    assert e.value.field == "api_key"
+
+
+def test_a_handler_that_raises_is_answered_never_left_hanging(home, tmp_path, monkeypatch):
+    """GET /api/sessions once hung on a target whose name is not UTF-8: the body failed to
+    encode after the status line was buffered. Any failure, before or after an answer was
+    begun, must be one whole JSON answer on a connection that keeps working."""
+    import http.client
+    import json
+    from overlord.web import server
+
+    def not_json(app, req):
+        return {"x": {1, 2}}                                 # json cannot encode a set
+
+    def half_answer(app, req):
+        return server.Blob("a str, not bytes", "text/plain", "no-store")   # fails after start()
+
+    def boom(app, req):
+        raise RuntimeError("a bug")
+    routes = dict(server.ROUTES)
+    routes[("GET", ("api", "sessions"))] = not_json
+    routes[("GET", ("api", "chats"))] = half_answer
+    routes[("GET", ("api", "settings"))] = boom
+    monkeypatch.setattr(server, "ROUTES", routes)
+    token = "t" * 48
+    httpd = server.Server(("127.0.0.1", 0), None)
+    port = httpd.server_address[1]
+    httpd.app = server.App(security.Guard(token, "127.0.0.1", port), settings.Settings(str(tmp_path)), {})
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    errors = []
+    monkeypatch.setattr("traceback.print_exception", lambda *a, **k: errors.append(a[0]))
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        headers = {"Host": f"127.0.0.1:{port}", "Authorization": f"Bearer {token}"}
+        for path in ("/api/sessions", "/api/chats", "/api/settings", "/api/sessions"):
+            conn.request("GET", path, headers=headers)
+            res = conn.getresponse()
+            body = res.read()
+            assert res.status == 500, (path, res.status, body)
+            assert json.loads(body) == {"error": "internal error (the server's log has the details)"}
+            assert res.getheader("Content-Type").startswith("application/json")
+        conn.request("GET", "/healthz", headers=headers)      # the same connection still works
+        res = conn.getresponse()
+        assert res.status == 200 and json.loads(res.read()) == {"ok": True}
+        conn.close()
+        assert errors == [TypeError, TypeError, RuntimeError, TypeError]   # each one logged
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
