@@ -380,11 +380,16 @@ def test_settings_round_trip_with_the_live_model_list(ui, fake, pages, tmp_path)
         page.fill("#s-headers", "X-Team: blue")
         fake.queue(fake.models(), fake.models())
         page.click("#settings-save")
-        expect(page.locator("#settings-saved")).to_contain_text("Saved")
+        # saved (the key too), but there is no model yet: it says so next to the field, and stays
+        expect(page.locator("#settings-saved")).to_contain_text("no model is chosen")
+        expect(page.locator('.field-error[data-for="model"]')).to_contain_text("Choose a model")
+        expect(dialog).to_be_visible()
         expect(page.locator("#s-key-status")).to_contain_text("stored")
         assert page.locator("#s-key").input_value() == ""
         expect(page.locator("#s-model option")).to_have_count(3)
         page.select_option("#s-model", "claude-test-4")
+        expect(page.locator('.field-error[data-for="model"]')).to_be_hidden()
+        expect(page.locator("#settings-saved")).to_have_text("")
         # another provider keeps its own profile
         gemini.queue(gemini.models())
         page.select_option("#s-provider", "gemini")
@@ -397,12 +402,11 @@ def test_settings_round_trip_with_the_live_model_list(ui, fake, pages, tmp_path)
         expect(page.locator('.field-error[data-for="folder"]')).to_contain_text("no such folder")
         page.fill("#s-folder", str(tmp_path))
         page.select_option("#s-net", "host")
-        fake.queue(fake.models())
-        page.click("#settings-save")
-        expect(page.locator("#settings-saved")).to_contain_text("Saved")
         page.locator("#settings .dialog-body").evaluate("el => { el.scrollTop = 0; }")
         shot(page, "settings-1440.png", tmp_path)
-        page.click("#settings-close")
+        page.click("#settings-save")
+        expect(dialog).to_be_hidden()                                # Save closes the dialog
+        expect(page.locator("#composer-note")).to_contain_text("Settings saved")
         saved = ui.ok("GET", "/api/settings")
         prof = saved["profiles"]["anthropic"]
         assert prof["model"] == "claude-test-4" and prof["knobs"] == {"temperature": 0.3}
@@ -468,8 +472,19 @@ def test_console_register_dossier_rewind_fork_drop_and_blame(ui, home, target, p
     page.get_by_role("button", name="Commit", exact=True).click()
     expect(page.locator(".doc-head .pill")).to_have_text("committed")
     expect(page.locator(".decided")).to_contain_text("@0, @2")
+    expect(page.locator(".decided")).to_contain_text("1 change dropped")
     assert (target / "zero.txt").exists() and (target / "f2.txt").exists()
     assert not (target / "f1.txt").exists()
+    # the record: what was committed, and apart from it what was dropped, with no blame
+    committed = page.locator(".doc-section .ledger").first
+    expect(committed.locator("tbody tr")).to_have_count(2)
+    expect(committed).not_to_contain_text("f1.txt")
+    expect(committed.get_by_role("button", name="blame")).to_have_count(2)
+    expect(page.locator(".dropped-title")).to_contain_text("Dropped: left out of the commit (1)")
+    left_out = page.locator(".dropped-ledger")
+    expect(left_out.locator("tbody tr")).to_have_count(1)
+    expect(left_out).to_contain_text("f1.txt")
+    expect(left_out.locator("button")).to_have_count(0)
     # the blame sheet of a committed path
     page.locator(".ledger tr", has_text="zero.txt").get_by_role("button", name="blame").click()
     sheet = page.locator("#blame")
@@ -564,3 +579,138 @@ def test_keyboard_and_phone_width(ui, fake, pages, tmp_path):
         page.keyboard.press("Shift+Tab")
         ring = page.evaluate("[document.activeElement.tagName, getComputedStyle(document.activeElement).outlineStyle]")
         assert ring[0] != "BODY" and ring[1] != "none", ring
+
+
+# -- the workspace for someone without a key ----------------------------------------------------------
+
+def test_the_demo_provider_from_settings_through_to_a_commit(ui, target, pages, tmp_path):
+    """A newcomer with no key: Settings offers the demo, its one model is chosen for them,
+    Save closes the dialog, and a whole conversation, its diff and a commit follow."""
+    project(target)
+    page = pages()
+    open_workspace(page, ui)
+    expect(page.locator("#welcome-model")).to_contain_text("Demo provider")       # the hint
+    page.click("#open-settings")
+    pages.allowed.append("status of 409")                  # the default provider has no key
+    page.select_option("#s-provider", "scripted")
+    expect(page.locator("#s-demo-note")).to_be_visible()
+    expect(page.locator("#s-key")).to_be_hidden()
+    expect(page.locator("#s-model")).to_have_value("overlord-demo")             # preselected
+    expect(page.locator("#s-model-status")).to_contain_text("demo script")
+    page.click("#settings-save")
+    expect(page.locator("#settings")).to_be_hidden()
+    expect(page.locator("#welcome-model")).to_contain_text("overlord-demo")
+    page.fill("#prompt", "show me what you do")
+    page.keyboard.press("Enter")
+    expect(page.locator(".note.done")).to_contain_text("Done")
+    expect(page.locator(".msg-assistant .md").first).to_contain_text("demo script")
+    expect(page.locator("details.tool")).to_have_count(3)
+    expect(page.locator("#file-list .file-row")).to_have_count(1)
+    expect(page.locator("#file-list")).to_contain_text("OVERLORD-DEMO.md")
+    expect(page.locator(".file-diff .diff-line.add").first).to_contain_text("Written by the OVERLORD demo")
+    assert not (target / "OVERLORD-DEMO.md").exists()
+    page.click("#commit")
+    expect(page.locator("#decided")).to_contain_text("Committed")
+    assert (target / "OVERLORD-DEMO.md").read_text().startswith("# Written by the OVERLORD demo")
+
+
+def test_a_failed_run_shows_its_reason(ui, pages):
+    """A provider pointed at a closed port: the page says what the transcript says."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ui.ok("PUT", "/api/settings", {"provider": "openai-compatible",
+                                   "profile": {"model": "local-model",
+                                               "base_url": f"http://127.0.0.1:{port}/v1"}})
+    page = pages()
+    open_workspace(page, ui)
+    page.fill("#prompt", "hello?")
+    page.keyboard.press("Enter")
+    note = page.locator(".note.error")
+    reason = f"The run failed: openai-compatible: cannot reach 127.0.0.1:{port}"
+    expect(note).to_contain_text(reason)
+    expect(note).to_contain_text("refused")
+    expect(note).to_have_count(1)                       # the error and the run's end: one note
+    expect(page.locator("#send")).to_be_visible()
+    page.reload()                                       # rebuilt from the transcript: the same words
+    expect(page.locator(".note.error")).to_contain_text(reason)
+
+
+def test_console_shows_metadata_and_asks_before_privileged_modes(ui, home, target, pages):
+    import stat as st
+    sid = run(home, target, "chmod u+s hello.txt; echo more >> sub/a.txt; chmod 0600 sub/a.txt")
+    mode = st.S_IMODE(os.stat(target / "hello.txt").st_mode)
+    page = pages()
+    page.goto(f"{ui.base}/console?token={ui.token}#{sid}")
+    ledger = page.locator(".doc-section .ledger").first
+    note = ledger.locator("td.path", has_text="hello.txt").locator(".meta-notes")
+    expect(note).to_have_text(f"mode {mode:04o} → {mode | 0o4000:04o} (setuid)")
+    expect(note).to_have_class("meta-notes privileged")
+    expect(ledger.locator("td.path", has_text="sub/a.txt").locator(".meta-notes")).to_contain_text("→ 0600")
+    expect(page.locator(".file-diff", has_text="hello.txt")).to_contain_text("metadata only: mode")
+    pages.allowed.append("status of 409")
+    page.get_by_role("button", name="Commit", exact=True).click()
+    refusal = page.locator(".doc-message")
+    expect(refusal).to_contain_text("Commit refused; nothing was written.")
+    expect(refusal).to_contain_text("adds privileges a commit never grants silently: hello.txt (mode")
+    assert not os.stat(target / "hello.txt").st_mode & 0o4000
+    allow = page.locator("label.allow-privileged")
+    expect(allow).to_contain_text("allow privileged modes")
+    allow.click()
+    page.get_by_role("button", name="Commit", exact=True).click()
+    expect(page.locator(".doc-head .pill")).to_have_text("committed")
+    expect(page.locator(".decided")).to_contain_text("Privileged modes allowed")
+    assert os.stat(target / "hello.txt").st_mode & 0o4000
+    # discard: the one vocabulary (Discard = roll back) on a second session
+    other = run(home, target, "echo x > x.txt")
+    page.goto(f"{ui.base}/console#{other}")
+    page.get_by_role("button", name="Discard").click()
+    page.get_by_role("button", name="Confirm discard").click()
+    expect(page.locator(".doc-head .pill")).to_have_text("rolled back")
+    expect(page.locator(".decided")).to_contain_text("Discarded (rolled back)")
+    assert not (target / "x.txt").exists()
+
+
+def test_the_inspector_shows_metadata_and_asks_before_privileged_modes(ui, fake, target, pages):
+    project(target)
+    ui.use(fake)
+    fake.queue(fake.turn(text="Making it setuid.", calls=[("shell", {"command": "chmod u+s app.py"})]),
+               fake.turn(text="Done."))
+    page = pages()
+    open_workspace(page, ui)
+    page.fill("#prompt", "make app.py setuid")
+    page.click("#send")
+    expect(page.locator(".note.done")).to_be_visible()
+    row = page.locator("#file-list .file-row", has_text="app.py")
+    expect(row.locator(".meta-notes.privileged")).to_contain_text("(setuid)")
+    expect(page.locator(".file-diff .diff-summary")).to_contain_text("metadata only: mode")
+    pages.allowed.append("status of 409")
+    page.click("#commit")
+    refusal = page.locator("#refusal")
+    expect(refusal).to_contain_text("Commit refused. Nothing was written.")
+    expect(refusal).to_contain_text("app.py (mode")
+    go = refusal.get_by_role("button", name="Commit with these privileges")
+    expect(go).to_be_disabled()
+    refusal.locator("label.allow-privileged").click()
+    go.click()
+    expect(page.locator("#decided")).to_contain_text("Committed")
+    assert os.stat(target / "app.py").st_mode & 0o4000
+
+
+def test_console_lists_and_blames_names_that_are_not_utf8(ui, home, tmp_path, pages):
+    raw = os.fsencode(str(tmp_path)) + b"/t\xff"
+    os.mkdir(raw)
+    proc = Ovl(home)("run", "-t", os.fsdecode(raw), "--", "sh", "-c",
+                     "printf 'one\\ntwo\\n' > \"$(printf 'n\\376.txt')\"", check=0)
+    sid = SESSION_RE.search(proc.out).group(1)
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    page = pages()
+    page.goto(f"{ui.base}/console?token={ui.token}#{sid}")
+    expect(page.locator(".doc-sub")).to_contain_text("t\\xff")
+    expect(page.locator(".reg-row .reg-target")).to_contain_text("t\\xff")
+    page.locator(".ledger tr", has_text="n\\xfe.txt").get_by_role("button", name="blame").click()
+    sheet = page.locator("#blame")
+    expect(sheet.locator(".blame-line")).to_have_count(2)
+    expect(sheet.locator(".blame-line .text").first).to_have_text("one")

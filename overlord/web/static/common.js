@@ -207,8 +207,30 @@ const OV = (() => {
 
   function fileDiff(d, id) {
     return h("details", {class: "file-diff", open: true, id},
-      h("summary", {}, kindBadge(d.kind), h("span", {class: "path"}, d.path), delta(d)),
+      h("summary", {}, kindBadge(d.kind), h("span", {class: "path"}, d.path), delta(d),
+        d.summary && d.summary.startsWith("metadata only") ? null : metaNotes(d)),
       diffBody(d));
+  }
+
+  /* A change's metadata in words (mode, owner, ACL, xattr, type): "mode 0644 → 4644 (setuid)".
+     What adds privilege (setuid, setgid, a file capability, an ACL) is marked. */
+  function metaNotes(c) {
+    const notes = c.notes || [];
+    if (!notes.length) return null;
+    const privileged = (c.privileged || []).length > 0;
+    return h("span", {class: `meta-notes${privileged ? " privileged" : ""}`,
+                      title: privileged ? `adds ${c.privileged.join(", ")}: commit asks before it lands` : null},
+      notes.join(" \u00b7 "));
+  }
+
+  /* The words of a commit refused for privileged modes (the API's `privileged` list). */
+  function privilegeText(data) {
+    const list = data.privileged || [];
+    const what = (p) => `${p.path} (${(p.notes && p.notes.length ? p.notes : p.adds).join(", ")})`;
+    if (!list.length) return ` ${data.error}`;
+    const shown = list.slice(0, 5).map(what).join("; ");
+    return ` This session adds privileges a commit never grants silently: ${shown}` +
+      (list.length > 5 ? ` and ${list.length - 5} more` : "") + ".";
   }
 
   function delta(d) {
@@ -242,11 +264,11 @@ const OV = (() => {
   }
 
   function stateLabel(state) {
-    return {"rolled-back": "discarded", "timed-out": "timed out"}[state] || state || "";
+    return {"rolled-back": "rolled back", "timed-out": "timed out"}[state] || state || "";
   }
 
   const SID_RE = /^\d{8}-\d{6}-[0-9a-f]{6}$/;
 
   return {h, append, clear, api, ApiError, markdown, inline, kindBadge, fileDiff, diffBody, delta,
-          causeText, short, ago, stateLabel, SID_RE};
+          metaNotes, privilegeText, causeText, short, ago, stateLabel, SID_RE};
 })();

@@ -3,7 +3,7 @@
 "use strict";
 
 (() => {
-  const {h, clear, api, kindBadge, fileDiff, causeText, short, stateLabel, SID_RE} = OV;
+  const {h, clear, api, kindBadge, fileDiff, causeText, short, stateLabel, metaNotes, privilegeText, SID_RE} = OV;
   const $ = (id) => document.getElementById(id);
   const register = $("register"), paper = $("paper"), blame = $("blame");
   let current = null, dossier = null, openTimer = null;
@@ -29,7 +29,7 @@
           h("span", {class: `dot state-${s.state}`, "aria-hidden": "true"}),
           h("span", {class: "reg-main"},
             h("span", {class: "reg-what"}, s.command || "-"),
-            h("span", {class: "reg-meta"}, h("span", {class: "mono"}, s.sid), ` \u00b7 ${s.state} \u00b7 ${s.chat ? "chat" : "command"} \u00b7 ${s.layers} savepoints`),
+            h("span", {class: "reg-meta"}, h("span", {class: "mono"}, s.sid), ` \u00b7 ${stateLabel(s.state)} \u00b7 ${s.chat ? "chat" : "command"} \u00b7 ${s.layers} savepoints`),
             h("span", {class: "reg-target mono"}, s.target || "")),
           h("span", {class: "reg-when"}, stamp))));
     }
@@ -88,7 +88,8 @@
         h("p", {class: "muted"}, "No changes.")) :
         section(4, "Per-file diff", h("p", {class: "muted"}, m.state === "committed"
           ? "The change is in the folder now; open a path's blame sheet to see who wrote each line."
-          : "The change was discarded; nothing of it was written.")),
+          : m.state === "unchanged" ? "The session changed nothing."
+          : "The session was discarded (rolled back); nothing of it was written.")),
       section(5, "Countersignature", h("p", {class: "countersign"},
         "No second-model review was requested for this session. (Countersignatures arrive with reviews.)")),
       section(6, "Disposition", disposition(d)));
@@ -118,20 +119,36 @@
   }
 
   function manifest(d) {
-    if (!d.changes.length) return h("p", {class: "muted"}, "No path changed.");
+    const dropped = d.dropped || [];
+    if (!d.changes.length && !dropped.length) return h("p", {class: "muted"}, "No path changed.");
     const committed = d.meta.state === "committed";
+    const out = [];
+    if (d.changes.length) out.push(ledger(d, d.changes, committed));
+    else out.push(h("p", {class: "muted"}, "Nothing was committed: the commit left every change out."));
+    if (dropped.length) {
+      /* a partial commit: what it left out is not in the folder, so it has no blame sheet */
+      out.push(h("h4", {class: "dropped-title"}, `Dropped: left out of the commit (${dropped.length})`),
+               h("div", {class: "dropped-ledger"}, ledger(d, dropped, false)));
+    }
+    return out;
+  }
+
+  function ledger(d, list, blameable) {
     const table = h("table", {class: "ledger"},
       h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, "Path"), h("th", {}, "Before \u2192 after (sha256)"),
         h("th", {}, "Cause"), h("th", {class: "opt"}, "Savepoint"))),
-      h("tbody", {}, d.changes.map((c) => h("tr", {},
+      h("tbody", {}, list.map((c) => h("tr", {},
         h("td", {}, kindBadge(c.kind)),
-        h("td", {class: "path"}, c.path, committed && c.after ? h("button", {class: "button ghost small blame-link", type: "button",
-          "aria-label": `blame sheet of ${c.path}`, onclick: () => openBlame(d.meta.target, c.path)}, "blame") : null),
+        h("td", {class: "path"}, c.path, metaNotes(c), blameable && c.after && isFile(c) ? h("button", {class: "button ghost small blame-link", type: "button",
+          "aria-label": `blame sheet of ${c.path}`, onclick: () => openBlame(d.meta.target, c)}, "blame") : null),
         h("td", {class: "hash"}, `${short(c.before)} \u2192 ${short(c.after)}`),
         h("td", {class: "cause"}, causeText(c.cause)),
         h("td", {class: "opt"}, c.layer === null || c.layer === undefined ? "" : `@${c.layer}`)))));
     return h("div", {class: "table-wrap"}, table);
   }
+
+  /* blame reads a file's lines: a link, a fifo or a device has none */
+  function isFile(c) { return !c.details || !c.details.type || c.details.type === "file"; }
 
   function chain(d) {
     const points = d.savepoints;
@@ -143,10 +160,12 @@
       h("tbody", {}, points.map((p) => {
         const keep = staged ? h("input", {type: "checkbox", checked: true, "aria-label": `keep savepoint @${p.n}`,
           dataset: {n: p.n}, onchange: (e) => { row.classList.toggle("dropped", !e.target.checked); keptNote(); }}) : null;
-        const row = h("tr", {dataset: {n: p.n}},
+        const left = d.meta.state === "committed" && d.meta.committed_layers && !d.meta.committed_layers.includes(p.n);
+        const row = h("tr", {dataset: {n: p.n}, class: left ? "dropped" : null, title: left ? "left out of the commit" : null},
           staged ? h("td", {}, keep) : null,
           h("td", {class: "hash"}, `@${p.n}`),
-          h("td", {class: "cause"}, causeText(p.cause), p.coarse ? ` (+${p.causes.length - 1} more causes)` : ""),
+          h("td", {class: "cause"}, causeText(p.cause), p.coarse ? ` (+${p.causes.length - 1} more causes)` : "",
+            left ? h("span", {class: "visually-hidden"}, " (dropped: left out of the commit)") : null),
           h("td", {}, `${p.paths} path${p.paths === 1 ? "" : "s"}`),
           staged ? h("td", {class: "actions"},
             twoStep("Rewind here", "Confirm rewind", () => rewind(p.n), p.n === points.length - 1),
@@ -187,15 +206,21 @@
     if (m.state === "committed") {
       const parts = [`Committed ${when(m.committed)}.`];
       if (m.committed_layers) parts.push(` Savepoints kept: ${m.committed_layers.map((x) => "@" + x).join(", ") || "none"}.`);
+      if (d.dropped && d.dropped.length) parts.push(` ${d.dropped.length} change${d.dropped.length === 1 ? "" : "s"} dropped (left out).`);
       if (m.forced) parts.push(" Forced over outside changes.");
+      if (m.allowed_privileged) parts.push(" Privileged modes allowed by the person who committed.");
       if (m.merged && m.merged.length) parts.push(` Merged: ${m.merged.join(", ")}.`);
       return h("p", {class: "decided"}, parts.join(""));
     }
-    if (m.state === "rolled-back") return h("p", {class: "decided voided"}, `Voided ${when(m.rolled_back)}. Nothing was written.`);
+    if (m.state === "rolled-back") return h("p", {class: "decided voided"}, `Discarded (rolled back) ${when(m.rolled_back)}. Nothing was written.`);
+    if (m.state === "unchanged") return h("p", {class: "decided voided"}, "Unchanged: the session changed nothing, so there is nothing to commit or discard.");
     if (d.running) return h("p", {class: "muted"}, "The agent is working in this session; stop it in the workspace first.");
     const message = h("div", {class: "refusal doc-message", role: "alert", hidden: true});
     const force = h("input", {type: "checkbox", id: "force"});
     const forceLabel = h("label", {class: "small", for: "force", hidden: true}, force, " commit over outside changes (--force)");
+    const allow = h("input", {type: "checkbox", id: "allow-privileged"});
+    const allowLabel = h("label", {class: "small allow-privileged", for: "allow-privileged", hidden: true}, allow,
+      " allow privileged modes: let this commit add setuid/setgid bits, file capabilities and ACLs (--allow-privileged-modes)");
     const commitBtn = h("button", {class: "button primary", type: "button", onclick: async () => {
       commitBtn.disabled = true;
       message.hidden = true;
@@ -203,10 +228,17 @@
       const drop = dropped();
       if (drop.length) body.drop = drop.map((n) => `layer:${n}`);
       if (force.checked) body.force = true;
+      if (allow.checked) body.allow_privileged_modes = true;
       try {
         await api("POST", `/api/session/${m.sid}/commit`, body);
       } catch (e) {
-        clear(message).append(h("strong", {}, "Commit refused; nothing was written. "), e.message);
+        clear(message).append(h("strong", {}, "Commit refused; nothing was written. "));
+        if (e.data.privileged) {
+          message.append(privilegeText(e.data).trim());
+          allowLabel.hidden = false;
+        } else {
+          message.append(e.message);
+        }
         const drifts = e.data.drifts || [];
         if (drifts.length) message.append(h("ul", {}, drifts.map((x) => h("li", {}, x.words))));
         forceLabel.hidden = !(drifts.length && drifts.every((x) => x.forceable));
@@ -217,14 +249,14 @@
       await show(m.sid);
       reloadRegister();
     }}, "Commit");
-    const voidBtn = twoStep("Void", "Confirm void", async () => {
+    const discardBtn = twoStep("Discard", "Confirm discard", async () => {
       try { await api("POST", `/api/session/${m.sid}/rollback`, {}); }
       catch (e) { clear(message).append(e.message); message.hidden = false; return; }
       await show(m.sid);
       reloadRegister();
     });
-    return [h("div", {class: "disposition"}, commitBtn, voidBtn, forceLabel,
-              h("p", {class: "hint"}, "Commit checks that the folder did not change under the session, then writes the kept savepoints, all or nothing. Void throws the session away.")),
+    return [h("div", {class: "disposition"}, commitBtn, discardBtn, forceLabel, allowLabel,
+              h("p", {class: "hint"}, "Commit checks that the folder did not change under the session, then writes the kept savepoints, all or nothing. Discard rolls the session back: nothing is written.")),
             message];
   }
 
@@ -261,12 +293,19 @@
     return `${o.sid} \u00b7 @${o.layer} \u00b7 ${what}`;
   }
 
-  async function openBlame(target, path) {
+  /* base64 of a path's bytes: the target's and the path's exact bytes when either is not UTF-8 */
+  function b64bytes(b64, text) { return b64 ? atob(b64) : String.fromCharCode(...new TextEncoder().encode(text)); }
+
+  async function openBlame(target, c) {
+    const path = c.path;
     const body = clear($("blame-body"));
     $("blame-title").textContent = `Blame sheet: ${path}`;
     if (!blame.open) blame.showModal();
+    const q = dossier && (dossier.meta.target_b64 || c.path_b64)
+      ? {path_b64: btoa(b64bytes(dossier.meta.target_b64, target.replace(/\/$/, "")) + "/" + b64bytes(c.path_b64, path))}
+      : {path: `${target.replace(/\/$/, "")}/${path}`};
     let data;
-    try { data = await api("GET", `/api/blame?${new URLSearchParams({path: `${target.replace(/\/$/, "")}/${path}`})}`); }
+    try { data = await api("GET", `/api/blame?${new URLSearchParams(q)}`); }
     catch (e) { body.append(h("p", {class: "note error"}, e.message)); return; }
     const owners = new Map();
     for (const line of data.lines) {

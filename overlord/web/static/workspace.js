@@ -3,7 +3,7 @@
 "use strict";
 
 (() => {
-  const {h, clear, api, markdown, kindBadge, fileDiff, delta, causeText, ago, stateLabel, SID_RE} = OV;
+  const {h, clear, api, markdown, kindBadge, fileDiff, delta, causeText, ago, stateLabel, metaNotes, privilegeText, SID_RE} = OV;
   const $ = (id) => document.getElementById(id);
   const app = $("app"), messages = $("messages"), welcome = $("welcome"), prompt = $("prompt");
   const OPEN = ["pending", "timed-out"];
@@ -16,6 +16,7 @@
     limit: "The session crossed its disk grant and can run nothing more",
     error: "The run failed",
   };
+  const NO_KEY = "no API key yet: add one in Settings, or choose the Demo provider there (no key needed)";
 
   const state = {settings: null, chats: [], sid: null, chat: null, source: null, running: false,
                  session: null, inspectorTimer: null, listTimer: null};
@@ -32,6 +33,7 @@
       for (const node of [...this.el.children]) if (node !== welcome) node.remove();
       this.cards.clear();
       this.live = null;
+      this.lastError = null;
     }
 
     add(node) {
@@ -123,7 +125,10 @@
         }
         case "tool_call": this.card(r); break;
         case "tool_result": this.result(r); break;
-        case "error": this.note(r.message || "error", "error"); break;
+        case "error":
+          this.lastError = {message: r.message || null,
+                            node: this.note(r.message ? `Error: ${r.message}` : "An error stopped this step", "error")};
+          break;
         case "compaction": this.note("Earlier turns were summarized to fit the context window."); break;
         case "rewind": this.note(`Rewound to savepoint @${r.to}: what came after was undone.`); break;
         case "fork": this.note(`Forked from ${r.from} at savepoint @${r.savepoint}.`); break;
@@ -168,7 +173,12 @@
 
     done(r) {
       if (r.reason === "error") {
-        this.note(r.message ? `The run failed: ${r.message}` : DONE_WORDS.error, "error");
+        /* the reason, from the transcript: the provider's or the session's own line */
+        const text = `${DONE_WORDS.error}${r.message ? `: ${r.message}` : ""}. Send a message to try again, or check the provider and model in Settings.`;
+        const last = this.lastError;
+        this.lastError = null;
+        if (last && last.message === r.message && last.node.isConnected) last.node.textContent = text;
+        else this.note(text, "error");
         return;
       }
       let text = DONE_WORDS[r.reason] || r.reason;
@@ -281,7 +291,8 @@
     if (closed) {
       OV.append(note, [chat.state === "committed"
         ? ["This conversation was committed. ", h("a", {href: `/console#${chat.sid}`}, "Open its dossier in the console"), "."]
-        : "This conversation was discarded; your folder was left exactly as it was."]);
+        : chat.state === "unchanged" ? "This conversation changed nothing; there is nothing to commit."
+        : "This conversation was discarded (rolled back); your folder was left exactly as it was."]);
     }
   }
 
@@ -390,6 +401,7 @@
     $("inspector-empty").hidden = changes.length > 0;
     $("inspector-empty").textContent = d.staged
       ? "No changes yet. The files the agent changes appear here; nothing is written to your folder until you commit."
+      : d.dropped && d.dropped.length ? "Nothing was committed: every change was left out."
       : "Nothing was changed.";
     const byPath = new Map(d.diffs.map((x, i) => [x.path, [x, i]]));
     changes.forEach((c) => {
@@ -400,8 +412,16 @@
           e.preventDefault();
           const target = found && $(`diff-${found[1]}`);
           if (target) { target.open = true; target.scrollIntoView({block: "start", behavior: "smooth"}); }
-        }}, h("bdi", {}, c.path)), found ? delta(found[0]) : null));
+        }}, h("bdi", {}, c.path)), found ? delta(found[0]) : null, metaNotes(c)));
     });
+    if (d.dropped && d.dropped.length) {
+      /* a partial commit: what it left out is listed apart, never as committed */
+      files.append(h("li", {class: "file-row dropped-head"}, `Left out of the commit (${d.dropped.length}):`));
+      for (const c of d.dropped) {
+        files.append(h("li", {class: "file-row dropped"}, kindBadge(c.kind),
+          h("span", {class: "dir-path", title: c.path}, h("bdi", {}, c.path)), h("span", {class: "muted small"}, "dropped")));
+      }
+    }
     d.diffs.forEach((x, i) => { if (!x.directory) diffs.append(fileDiff(x, `diff-${i}`)); });
     const points = d.savepoints.filter((p) => !(p.cause && p.cause.event === "open" && !p.paths));
     $("steps-section").hidden = !points.length;
@@ -430,30 +450,49 @@
     if (!open) $("refusal").hidden = true;
     decided.hidden = open;
     if (state_ === "committed") {
-      decided.append(`Committed to ${d.meta.target}. `, h("a", {href: `/console#${d.meta.sid}`}, "Open the dossier"));
+      const left = d.dropped && d.dropped.length ? ` ${d.dropped.length} change${d.dropped.length === 1 ? " was" : "s were"} left out.` : "";
+      decided.append(`Committed to ${d.meta.target}.${left} `, h("a", {href: `/console#${d.meta.sid}`}, "Open the dossier"));
     } else if (state_ === "rolled-back") {
       decided.classList.add("voided");
-      decided.append("Discarded. Your folder was left exactly as it was.");
+      decided.append("Discarded (rolled back). Your folder was left exactly as it was.");
+    } else if (state_ === "unchanged") {
+      decided.classList.add("voided");
+      decided.append("Unchanged: the session changed nothing, so there is nothing to commit.");
     }
     for (const id of ["commit", "discard"]) $(id).disabled = state.running;
     if (!d.changes.length) $("commit").disabled = true;
   }
 
-  async function commit(force) {
+  async function commit(opts) {
+    opts = opts || {};
     const sid = state.sid;
     const refusal = clear($("refusal"));
     refusal.hidden = true;
     $("commit").disabled = true;
+    const body = {};
+    if (opts.force) body.force = true;
+    if (opts.allowPrivileged) body.allow_privileged_modes = true;
     try {
-      await api("POST", `/api/session/${sid}/commit`, force ? {force: true} : {});
+      await api("POST", `/api/session/${sid}/commit`, body);
     } catch (e) {
       refusal.append(h("strong", {}, "Commit refused. Nothing was written."));
       const drifts = e.data.drifts || [];
-      if (drifts.length) {
+      if (e.data.privileged) {
+        /* setuid / setgid bits, file capabilities, ACLs: never committed without a person saying so */
+        refusal.append(h("span", {}, privilegeText(e.data)));
+        const allow = h("input", {type: "checkbox", id: "allow-privileged"});
+        const go = h("button", {class: "button danger small", type: "button", disabled: true,
+                                onclick: () => commit(Object.assign({}, opts, {allowPrivileged: true}))}, "Commit with these privileges");
+        allow.addEventListener("change", () => { go.disabled = !allow.checked; });
+        refusal.append(h("label", {class: "small allow-privileged", for: "allow-privileged"}, allow,
+                         " Allow privileged modes: let this commit add setuid/setgid bits, file capabilities and ACLs"),
+                       h("div", {}, go));
+      } else if (drifts.length) {
         refusal.append(h("ul", {}, drifts.map((x) => h("li", {}, x.words))));
         if (drifts.every((x) => x.forceable)) {
           refusal.append(h("span", {}, "Committing anyway overwrites those outside changes with the agent's."),
-            h("div", {}, h("button", {class: "button danger small", type: "button", onclick: () => commit(true)}, "Commit anyway")));
+            h("div", {}, h("button", {class: "button danger small", type: "button",
+                                      onclick: () => commit(Object.assign({}, opts, {force: true}))}, "Commit anyway")));
         } else {
           refusal.append(h("span", {}, "These cannot be overridden: discard this conversation, or start again from the folder as it is now."));
         }
@@ -491,7 +530,7 @@
     const s = state.settings;
     $("welcome-folder").textContent = s.folder;
     const sandbox = [s.sandbox.jail ? "jailed" : "not jailed", s.sandbox.net === "host" ? "host network" : "offline"].join(", ");
-    const keyNote = s.keys[s.provider] || s.provider === "openai-compatible" ? "" : " \u00b7 no API key yet (Settings)";
+    const keyNote = s.keys[s.provider] || !s.needs_key.includes(s.provider) ? "" : ` \u00b7 ${NO_KEY}`;
     $("welcome-model").textContent = `${modelLine(s)} \u00b7 tools ${sandbox}${keyNote}`;
     if (!state.sid) header(null);
   }
@@ -520,6 +559,9 @@
 
   function fillProfile() {
     const p = edit.profiles[edit.provider];
+    const demo = edit.provider === edit.data.demo;
+    for (const id of ["s-base-url", "s-headers", "s-key"]) $(id).closest(".field").hidden = demo;
+    $("s-demo-note").hidden = !demo;
     $("s-base-url").value = p.base_url || "";
     $("s-headers").value = headerText(p.headers);
     $("s-system").value = p.system || "";
@@ -527,7 +569,7 @@
     const src = edit.data.keys[edit.provider];
     $("s-key-status").textContent = src === "env" ? "A key comes from the environment; a stored one would be ignored."
       : src === "store" ? "A key is stored (mode 600). It is never shown again; type a new one to replace it."
-      : edit.provider === "openai-compatible" ? "Optional for compatible endpoints." : "No key stored yet.";
+      : !edit.data.needs_key.includes(edit.provider) ? "Optional for compatible endpoints." : "No key stored yet.";
     for (const el of KNOB_IDS) {
       const v = (p.knobs || {})[el.dataset.knob];
       el.value = v === undefined || v === null ? "" : Array.isArray(v) ? v.join("\n") : String(v);
@@ -551,7 +593,8 @@
       sel.append(h("option", {value: m.id}, m.name && m.name !== m.id ? `${m.name} (${m.id})` : m.id));
     }
     if (current && !ids.has(current)) sel.append(h("option", {value: current}, `${current} (saved)`));
-    sel.value = current || "";
+    /* one model served and none chosen yet: that one */
+    sel.value = current || (list.length === 1 ? list[0].id : "");
   }
 
   function collectProfile() {
@@ -586,7 +629,10 @@
       edit.models[provider] = res.models;
       const current = $("s-model-typed").value.trim() || $("s-model").value || edit.profiles[provider].model;
       modelOptions(res.models, current);
-      status.textContent = `${res.models.length} model${res.models.length === 1 ? "" : "s"} served by the endpoint right now.`;
+      status.textContent = provider === edit.data.demo
+        ? "The demo script plays the model: no key, no network. Save, then send any message."
+        : `${res.models.length} model${res.models.length === 1 ? "" : "s"} served by the endpoint right now` +
+          (res.models.length === 1 && !current ? " (chosen for you)." : ".");
     } catch (e) {
       if (provider !== edit.provider) return;
       status.textContent = `The list could not be loaded: ${e.message}. You can type a model id.`;
@@ -633,10 +679,17 @@
       edit.dirty.clear();
       edit.profiles = JSON.parse(JSON.stringify(edit.data.profiles));
       state.settings = edit.data;
-      $("settings-saved").textContent = "Saved. New conversations use these settings.";
-      fillProfile();
       loadSettings();
-      loadModels();
+      if (!edit.profiles[current].model && current !== edit.data.demo) {
+        /* saved (the key too, so the list can load now), but a conversation needs a model */
+        fillProfile();
+        $("settings-saved").textContent = "Saved, but no model is chosen yet.";
+        fieldError("model", "Choose a model from the list (or type its id), then Save again: a conversation needs one.");
+        loadModels();
+        return;
+      }
+      dialog.close();
+      flashSaved();
     } catch (e) {
       if (edit.provider !== current) {
         $("s-provider").value = edit.provider;
@@ -644,6 +697,14 @@
       }
       fieldError(e.data.field || "provider", e.message);
     }
+  }
+
+  function flashSaved() {
+    const note = $("composer-note");
+    if (!note.hidden) return;                  /* a closed conversation's note stays */
+    clear(note).append("Settings saved. New conversations use them.");
+    note.hidden = false;
+    setTimeout(() => { if (note.textContent.startsWith("Settings saved")) note.hidden = true; }, 4000);
   }
 
   /* -- narrow screens: the list and the change are drawers ------------------------------------------- */
@@ -657,7 +718,7 @@
   });
   $("stop").addEventListener("click", stop);
   $("new-chat").addEventListener("click", () => { select(null); closeDrawers(); prompt.focus(); });
-  $("commit").addEventListener("click", () => commit(false));
+  $("commit").addEventListener("click", () => commit({}));
   $("discard").addEventListener("click", () => { $("confirm-discard").hidden = false; $("discard-yes").focus(); });
   $("discard-yes").addEventListener("click", discard);
   $("discard-no").addEventListener("click", () => { $("confirm-discard").hidden = true; });
@@ -674,6 +735,13 @@
     loadModels();
   });
   $("s-base-url").addEventListener("change", loadModels);
+  for (const id of ["s-model", "s-model-typed"]) {
+    $(id).addEventListener("input", () => {           /* a model chosen: the "no model" note goes */
+      $("settings-saved").textContent = "";
+      dialog.querySelector('.field-error[data-for="model"]').textContent = "";
+      $("s-model").classList.remove("invalid");
+    });
+  }
   $("rail-open").addEventListener("click", () => openDrawer("show-rail"));
   $("rail-close").addEventListener("click", closeDrawers);
   $("inspector-open").addEventListener("click", () => openDrawer("show-inspector"));
