@@ -11,7 +11,7 @@ import subprocess
 import sys
 import termios
 
-from conftest import SESSION_RE, state_of
+from conftest import SESSION_RE, Ovl, state_of
 
 COLS = 80
 
@@ -169,6 +169,21 @@ def test_refusal_naming_a_hostile_path_is_one_inert_line(ovl, target):
     proc = ovl("commit", sid)
     assert proc.returncode == 1 and proc.err.count("\n") == 1, repr(proc.err)
     assert "\x1b" not in proc.err and "a\\x1b[2J\\nb" in proc.err, repr(proc.err)
+
+
+def test_doctor_escapes_what_the_host_named(home, tmp_path):
+    """A tool found on PATH is shown by its path: a directory name can carry escape bytes."""
+    odd = tmp_path / "bin\x1b[2J"
+    odd.mkdir()
+    (odd / "git").write_text("#!/bin/sh\nexit 0\n")
+    (odd / "git").chmod(0o755)
+    proc = Ovl(home)("doctor", env={"PATH": f"{odd}:{os.environ['PATH']}"})
+    assert "\x1b" not in proc.out and f"git: {tmp_path}/bin\\x1b[2J/git" in proc.out, proc.out
+
+
+def test_an_error_naming_a_path_is_escaped(home, tmp_path):
+    proc = Ovl(home)("run", "--manifest", tmp_path / "no\x1b[2Jdir" / "m.json", "--", "true")
+    assert proc.returncode in (1, 2) and proc.err.count("\n") == 1 and "\x1b" not in proc.err, proc.err
 
 
 # -- words ----------------------------------------------------------------------------------------
