@@ -62,8 +62,24 @@ class Ovl:
         return self.run(target, "sh", "-c", script, **kw)
 
     def diff(self, sid):
+        """[(kind, path)] of `overlord diff`, sorted; the `  (words)` note (types, modes,
+        link targets) that may follow a path is left out (see diff_words)."""
+        return sorted((kind, path) for kind, path, _ in self.diff_words(sid))
+
+    def diff_words(self, sid):
+        """[(kind, path, words or None)] of `overlord diff`, in its order."""
         proc = self("diff", sid, check=0)
-        return sorted(tuple(line.split("  ", 1)) for line in proc.out.splitlines())
+        return [split_diff_line(line) for line in proc.out.splitlines()]
+
+
+DIFF_WORDS_RE = re.compile(r"^(.*)  \((.*)\)$")
+
+
+def split_diff_line(line):
+    """`kind  path` or `kind  path  (words)` -> (kind, path, words or None)."""
+    kind, _, rest = line.partition("  ")
+    m = DIFF_WORDS_RE.match(rest)
+    return (kind, m.group(1), m.group(2)) if m else (kind, rest, None)
 
 
 def state_of(ovl, sid):

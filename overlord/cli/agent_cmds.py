@@ -50,6 +50,8 @@ def add_parsers(sub):
     a.add_argument("--trace", choices=("strace", "ebpf"), help="record the tools' syscalls")
     a.add_argument("--backend", choices=("kernel", "fuse"), help="force a backend")
     a.add_argument("--stack", action="store_true", help="open even though another session is pending here")
+    a.add_argument("--json", action="store_true", help="at the end, one JSON line (sid, state, "
+                   "exit_code, reason, changes, ...) instead of the session line")
     a.add_argument("--audit", action="store_true", help="the containment-audit preset: an "
                    "authorized, scoped audit of its own jail (needs the jail)")
     g = a.add_argument_group("generation (each sent only when set)")
@@ -191,8 +193,14 @@ def _headers(items):
     return out
 
 
-def _finish(result):
+def _finish(result, as_json=False):
     sys.stdout.flush()
+    if as_json:     # the shared --json line of the run family (overlord/cli/main.py)
+        from overlord.cli.main import print_session_json
+        print_session_json(result.sid, "pending", result.changes, exit_code=EXIT.get(result.reason, 1),
+                           reason=result.reason, turns=result.turns, usage=result.usage,
+                           message=result.message)
+        return EXIT.get(result.reason, 1)
     why = f" ({R.escape_text(result.message)})" if result.message and result.reason != "error" else ""
     print(f"session {result.sid}  pending  {R.summarize(result.changes)}; done {result.reason}{why} "
           f"after {result.turns} turn{'' if result.turns == 1 else 's'}", flush=True)
@@ -217,7 +225,7 @@ def cmd_agent(args):
         net=args.net, timeout=args.timeout, limits=ops.merge_grants({}, {}, args.limit).get("limits"),
         backend=args.backend, trace=args.trace, audit=args.audit, stack=args.stack,
         on_event=live.event, on_delta=live.delta)
-    return _finish(result)
+    return _finish(result, args.json)
 
 
 def cmd_resume(args):

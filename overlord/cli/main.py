@@ -8,6 +8,7 @@ from overlord.cli import agent_cmds
 from overlord.cli import ui_cmd
 from overlord.cli import render as R
 from overlord.errors import OverlordError, UsageError
+from overlord.text import is_exact, path_fields
 
 TRACE_VALUES = ("strace", "ebpf")
 
@@ -44,10 +45,41 @@ def _split_command(argv):
     return argv, None
 
 
+SID_HELP = R.SID_HELP
+EPILOG = ("SID is a session id as `overlord sessions` lists it (e.g. 20261201-074714-3fa2c1), or "
+          "`last` for the newest session. Exit status: 0 done, 1 refused, 2 usage error; run, exec "
+          "and shell pass the command's own status through (124: timed out, 122: disk grant "
+          "reached). `overlord COMMAND --help` tells more.")
+
+
+class TopHelp(argparse.HelpFormatter):
+    """`overlord --help`: every subcommand's help on its own line, beside its name (argparse
+    measures the names 2 columns short of where it prints them)."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=16)
+
+    def add_argument(self, action):
+        super().add_argument(action)
+        if action.nargs == argparse.PARSER:
+            self._action_max_length = max(self._action_max_length,
+                                          max(map(len, action.choices)) + self._current_indent + 4)
+
+
+class CommandUsage(argparse.HelpFormatter):
+    """The usage of a subcommand that wraps a command: `... -- CMD [ARG...]` (the command is
+    split off at `--` before parsing, so argparse never sees it)."""
+
+    def _format_usage(self, usage, actions, groups, prefix):
+        return super()._format_usage(usage, actions, groups, prefix).rstrip("\n") + \
+            " -- CMD [ARG...]\n\n"
+
+
 def _sid_command(sub, name, help, json=False, **kw):
     """A subcommand that takes a session id (and, for reports, --json)."""
+    kw.setdefault("description", help[0].upper() + help[1:] + ".")
     p = sub.add_parser(name, help=help, **kw)
-    p.add_argument("sid")
+    p.add_argument("sid", metavar="SID", help=SID_HELP)
     if json:
         p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
@@ -55,14 +87,17 @@ def _sid_command(sub, name, help, json=False, **kw):
 
 def build_parser():
     p = Parser(prog="overlord", description="Transactional, attributed execution over a "
-               "directory: run, review the change, commit or roll back.")
+               "directory: run, review the change, commit or roll back.", epilog=EPILOG,
+               formatter_class=TopHelp)
     p.add_argument("--version", action="version", version=f"overlord {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     r = sub.add_parser("run", help="run a command in a new transactional session",
+                       formatter_class=CommandUsage,
                        description="Run CMD over a writable copy of the target; nothing touches "
-                       "the real tree until commit. Prints 'session <sid>' after the command's "
-                       "own output and passes its exit status through (124 on timeout).")
+                       "the real tree until commit (then review it with diff and log, and commit "
+                       "or roll it back). Prints 'session SID' after the command's own output and "
+                       "passes its exit status through (124: timed out, 122: disk grant reached).")
     r.add_argument("-t", "--target", metavar="DIR", help="the tree to work on (default: .)")
     r.add_argument("--backend", choices=("kernel", "fuse"), help="force a backend")
     r.add_argument("--timeout", type=float, metavar="S", help="kill the whole process tree after S seconds")
@@ -77,9 +112,11 @@ def build_parser():
     r.add_argument("--trace", metavar="strace|ebpf", help="record syscalls (default recorder: strace)")
     r.add_argument("--wait", action="store_true", help="queue behind a session executing on the target")
     r.add_argument("--stack", action="store_true", help="open even though another session is pending here")
-    r.add_argument("cmd", nargs=argparse.REMAINDER, help="the command (after --)")
+    r.add_argument("--json", action="store_true", help="after the command's output, one JSON "
+                   "line (sid, state, exit_code, changes, ...) instead of the session line")
+    r.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    s = sub.add_parser("shell", help="an interactive transactional shell",
+    s = sub.add_parser("shell", help="an interactive transactional shell (one savepoint)",
                        description="An interactive shell over a writable copy of the target, on a "
                        "real pty. The whole shell is one savepoint. Driven from stdin when stdin "
                        "is not a terminal. Prints the session and a summary on exit.")
@@ -87,33 +124,66 @@ def build_parser():
     s.add_argument("--backend", choices=("kernel", "fuse"), help="force a backend")
     s.add_argument("--stack", action="store_true", help="open even though another session is pending here")
     s.add_argument("--wait", action="store_true", help="queue behind a session executing on the target")
+    s.add_argument("--json", action="store_true", help="on exit, one JSON line instead of the "
+                   "session line")
 
-    ss = sub.add_parser("sessions", help="list sessions with state, target and cause")
+    ss = sub.add_parser("sessions", help="list sessions with state, target and cause",
+                        description="One line per session: SID, state (running, pending, "
+                        "timed-out, unchanged, committed, rolled-back), backend, target, and what "
+                        "made it (the command, or `fork of SID@N`).")
     ss.add_argument("--json", action="store_true", help="machine-readable output")
 
-    _sid_command(sub, "diff", "what a session changed: added / modified / deleted / replaced-dir",
-                 json=True)
-    _sid_command(sub, "log", "per-change sha256 before -> after, layer and cause", json=True)
+    df = _sid_command(sub, "diff", "what a session changed, one line per path", json=True,
+                 description="What commit would change in the target, one line per path: added, "
+                 "modified, deleted, replaced-dir or invalid-whiteout, then the path.")
+    lg = _sid_command(sub, "log", "per change: sha256 before -> after, layer and cause", json=True,
+                 description="Per change: the kind, the path, and 12 hex digits of the sha256 "
+                 "before (the real tree) -> after (the session), '-' for a missing side; --json "
+                 "adds the savepoint and its cause.")
+
+    df.add_argument("--patch", action="store_true", help="unified diffs of the content, like "
+                    "git diff (binary and large files summarized)")
+    lg.add_argument("--syscalls", action="store_true", help="also what --trace recorded, one "
+                    "line per syscall")
+    sc = _sid_command(sub, "syscalls", "what --trace recorded for a session, one line per syscall",
+                      json=True, description="What the session's --trace recorder (strace or "
+                      "eBPF) saw, in order: pid, seconds since the first record, syscall, return "
+                      "value, path (or arguments), and whether it wrote, exec'd or connected.")
 
     ex = _sid_command(sub, "exec", "run another command inside a pending session",
-                      description="Run CMD inside a pending session, over its current stack. A "
+                      formatter_class=CommandUsage, description="Run CMD inside a pending session, over its current stack. A "
                       "command that writes seals a new savepoint stamped with its command line; "
                       "one that writes nothing adds none. Its exit status is passed through.")
     ex.add_argument("--timeout", type=float, metavar="S", help="kill the command after S seconds")
     ex.add_argument("--wait", action="store_true", help="queue behind a command executing on the target")
+    ex.add_argument("--json", action="store_true", help="after the command's output, one JSON "
+                    "line (sid, state, exit_code, layer, changes, ...)")
 
-    _sid_command(sub, "savepoints", "the layer stack: one savepoint per command that wrote", json=True)
-    rw = _sid_command(sub, "rewind", "discard every savepoint above @N")
+    _sid_command(sub, "savepoints", "the layer stack: one savepoint per command that wrote", json=True,
+                 description="The session's layer stack, oldest first: @N, how many paths it "
+                 "holds, and the command or agent tool call that wrote it.")
+    rw = _sid_command(sub, "rewind", "discard every savepoint above @N",
+                      description="Discard every savepoint above @N; the session stays pending "
+                      "with @0..@N (an agent session can then be resumed from there).")
     rw.add_argument("--to", required=True, metavar="N", help="the savepoint to keep as the top")
-    fk = _sid_command(sub, "fork", "a second continuation of a savepoint, as a new session")
+    fk = _sid_command(sub, "fork", "a second continuation of a savepoint, as a new session",
+                      description="A new pending session holding a copy of SID's savepoints "
+                      "@0..@N, on the same snapshot; `sessions` lists it as `fork of SID@N`.")
     fk.add_argument("--at", required=True, metavar="N", help="the savepoint to fork from")
+    fk.add_argument("--json", action="store_true", help="one JSON line instead of the session line")
 
-    cp = sub.add_parser("compare", help="where two sessions diverge, per path")
-    cp.add_argument("a")
-    cp.add_argument("b")
+    cp = sub.add_parser("compare", help="where two sessions diverge, per path",
+                        description="Where two sessions (two continuations of one moment, e.g. "
+                        "a fork) diverge: one line per path that differs between them.")
+    cp.add_argument("a", metavar="SID_A", help=SID_HELP)
+    cp.add_argument("b", metavar="SID_B", help="the other session (same forms)")
     cp.add_argument("--json", action="store_true", help="machine-readable output")
 
-    c = _sid_command(sub, "commit", "verify no external drift, replay onto the real tree")
+    c = _sid_command(sub, "commit", "check for outside changes, then replay onto the target",
+                     description="Check that nothing outside OVERLORD changed the paths the "
+                     "session touches (drift), then replay the session onto the real tree, all or "
+                     "nothing, even across a crash. Refuses, naming the path, rather than clobber "
+                     "an outside change.")
     c.add_argument("--only", action="append", default=[], metavar="SEL",
                    help="replay only these savepoints: layer:N, layer:A-B, turn:N, tool:NAME, call:ID")
     c.add_argument("--drop", action="append", default=[], metavar="SEL",
@@ -121,22 +191,32 @@ def build_parser():
     c.add_argument("--force", action="store_true", help="commit despite ordinary drift")
     c.add_argument("--merge", action="store_true", help="three-way merge non-overlapping drift "
                    "(needs a session run with --merge-base)")
+    c.add_argument("--allow-privileged-modes", action="store_true", help="commit even though the "
+                   "session adds a setuid/setgid bit, a file capability or an ACL for another "
+                   "user (recorded on the session)")
 
-    _sid_command(sub, "rollback", "discard a session; the target stays byte-identical")
+    _sid_command(sub, "rollback", "roll back: discard a session; the target stays untouched",
+                 description="Roll back a session: discard its changes and savepoints. The target "
+                 "stays byte-identical; the record stays, as rolled-back.")
 
-    rv = _sid_command(sub, "revert", "stage the undo of a committed session as a new pending "
-                      "session (review it, then commit it)")
+    rv = _sid_command(sub, "revert", "stage the undo of a committed session, for review",
+                      description="Stage the undo of a committed session as a new pending "
+                      "session: review it with diff, then commit it (or roll it back).")
     rv.add_argument("--stack", action="store_true", help="open even though another session is pending here")
+    rv.add_argument("--json", action="store_true", help="one JSON line instead of the session line")
 
-    bl = sub.add_parser("blame", help="each line of a file with the session, turn and tool call "
-                        "that produced it", description="Each line of a committed file with its "
+    bl = sub.add_parser("blame", help="each line of a file with the session and cause behind it",
+                        description="Each line of a committed file with its "
                         "owner: the session, savepoint and cause that first produced it; 'origin' "
                         "for lines older than the record, 'drift' for lines changed outside "
                         "OVERLORD since the last commit.")
-    bl.add_argument("path")
+    bl.add_argument("path", metavar="FILE", help="a file inside a target OVERLORD committed to")
     bl.add_argument("--json", action="store_true", help="machine-readable output")
 
-    dr = sub.add_parser("doctor", help="which backends can run here, and why not")
+    dr = sub.add_parser("doctor", help="which backends can run here, and why not",
+                        description="Which backends can run here and why not, what each grant "
+                        "(jail, network, limits, trace) means on this host, the tools found, and "
+                        "OVERLORD_HOME. Exits 1 when no backend can run.")
     dr.add_argument("--json", action="store_true", help="machine-readable output")
     agent_cmds.add_parsers(sub)
     ui_cmd.add_parser(sub)
@@ -148,7 +228,7 @@ def main(argv=None):
     try:
         return dispatch(argv)
     except OverlordError as exc:
-        print(f"overlord: {exc}", file=sys.stderr)
+        print(R.own_line_prefix(sys.stderr) + R.error_line(exc), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("overlord: interrupted", file=sys.stderr)
@@ -159,13 +239,14 @@ def main(argv=None):
         if os.environ.get("OVERLORD_DEBUG"):
             raise
         where = f" ({exc.filename})" if exc.filename else ""
-        print(f"overlord: {exc.strerror or exc}{where}", file=sys.stderr)
+        print(R.own_line_prefix(sys.stderr) + R.error_line(f"{exc.strerror or exc}{where}"),
+              file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - a bug still gets one line, not a traceback
         if os.environ.get("OVERLORD_DEBUG"):
             raise
-        print(f"overlord: internal error: {type(exc).__name__}: {exc} "
-              "(set OVERLORD_DEBUG=1 for a traceback)", file=sys.stderr)
+        print(R.own_line_prefix(sys.stderr) + R.error_line(f"internal error: {type(exc).__name__}: "
+              f"{exc} (set OVERLORD_DEBUG=1 for a traceback)"), file=sys.stderr)
         return 1
 
 
@@ -176,6 +257,7 @@ def dispatch(argv):
         build_parser().print_help()
         return 2
     ops.recover()
+    _resolve_sids(args)
     if args.command == "run":
         if cmd is None:
             cmd = [a for a in (args.cmd or []) if a != "--"]
@@ -185,10 +267,19 @@ def dispatch(argv):
     if args.command == "exec":
         if not cmd:
             raise UsageError("missing command after --")
-        return ops.exec_in(args.sid, cmd, timeout=args.timeout, wait=args.wait).exit_code
+        return cmd_exec(args, cmd)
     if cmd is not None:
         raise UsageError(f"'{args.command}' takes no command after --")
     return {**COMMANDS, **agent_cmds.COMMANDS, **ui_cmd.COMMANDS}[args.command](args)
+
+
+def _resolve_sids(args):
+    """`last` (the newest session) wherever a SID is taken, resolved once, up front, by the
+    service layer: every later step sees the real id."""
+    for name in ("sid", "a", "b"):
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            setattr(args, name, ops.resolve_sid(value))
 
 
 def _grants(args):
@@ -202,74 +293,241 @@ def cmd_run(args, cmd):
     if not cmd:
         raise UsageError("missing command after --")
     result = ops.run(cmd, target=args.target, backend=args.backend, grants=_grants(args),
-                     trace=args.trace, wait=args.wait, stack=args.stack)
-    _print_session_line(result)
+                     trace=args.trace, wait=args.wait, stack=args.stack, track_stdout=True)
+    _print_session_line(result, args.json)
     return result.exit_code
 
 
-def _print_session_line(result):
+def _line_start(at_line_start):
+    """What to write before OVERLORD's own line on stdout once a command has written there:
+    on a terminal, render's reset and fresh line; on a pipe or file, a newline exactly when
+    the command's output did not end with one (ops.run tracked it: RunResult.at_line_start)."""
     sys.stdout.flush()
-    extra = " (timed out)" if result.timed_out else ""
-    print(f"session {result.sid}  {result.state}  {R.summarize(result.changes)}; "
-          f"exit {result.exit_code}{extra}", flush=True)
+    if sys.stdout.isatty():
+        return R.own_line_prefix(sys.stdout)
+    return "\n" if at_line_start is False else ""
+
+
+def _print_session_line(result, as_json=False):
+    """`session SID  STATE  SUMMARY; exit N` (or, with --json, one JSON line) on a fresh line
+    after the command's output, then the run's notes on stderr."""
+    prefix = _line_start(getattr(result, "at_line_start", None))
+    if as_json:
+        print(prefix + json_line(session_json(
+            result.sid, result.state, result.changes, exit_code=result.exit_code,
+            timed_out=result.timed_out, layer=getattr(result, "layer", None),
+            syscalls=result.syscalls, notes=list(getattr(result, "notes", None) or ()))),
+            flush=True)
+    else:
+        ended = R.exit_text(result.exit_code, result.timed_out,
+                            ops.crossed_grant(ops.get_session(result.sid).meta))
+        print(f"{prefix}session {result.sid}  {result.state}  "
+              f"{R.summarize(result.changes)}; {ended}", flush=True)
+    for note in getattr(result, "notes", None) or ():
+        print(f"overlord: note: {R.escape_text(str(note))}", file=sys.stderr, flush=True)
+
+
+# -- JSON: one vocabulary for every command (docs/JSON.md) --------------------------------------
+
+def jsonable(value):
+    """value with every str that is not valid UTF-8 made safe for strict JSON parsers: in a
+    dict, `key` becomes the escaped text and `key_b64` its exact bytes (overlord.text
+    .path_fields); in a list, the escaped text. Nothing else changes."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            k = k if not isinstance(k, str) or is_exact(k) else R.escape_path(k)
+            if isinstance(v, str) and not is_exact(v):
+                out.update(path_fields(v, k))
+            else:
+                out[k] = jsonable(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [R.escape_path(v) if isinstance(v, str) and not is_exact(v) else jsonable(v)
+                for v in value]
+    return value
+
+
+def dump_json(data):
+    """A report, indented (sessions, diff, log, savepoints, compare, syscalls)."""
+    R.dump_json(jsonable(data))
+
+
+def json_line(data):
+    """The run family's --json: one line, so `| tail -n 1` is the object."""
+    import json
+    return json.dumps(jsonable(data), sort_keys=True)
+
+
+def change_json(ch):
+    """One change as every --json carries it: path (+ path_b64), kind, layer, details."""
+    return {"path": ch.path, "kind": ch.kind, "layer": ch.layer,
+            "details": dict(getattr(ch, "details", None) or {})}
+
+
+def counts_json(changes):
+    counts = {k: 0 for k in ops.KINDS}
+    for ch in changes:
+        counts[ch.kind] = counts.get(ch.kind, 0) + 1
+    return counts
+
+
+def session_json(sid, state, changes, **fields):
+    """What run, shell, exec, agent, resume, fork and revert print with --json: the session,
+    its state, what ended the command, and the change summary (the session's whole plan:
+    what commit would do). Keys that do not apply to a command are null."""
+    out = {"sid": sid, "state": state, "exit_code": None, "timed_out": False, "layer": None,
+           "changes": [change_json(ch) for ch in changes], "counts": counts_json(changes),
+           "notes": [], "syscalls": None}
+    out.update(fields)
+    return out
+
+
+def print_session_json(sid, state, changes, at_line_start=None, **fields):
+    """For a face that opened or ran in a session (e.g. agent_cmds): the --json line, on a
+    fresh line after whatever the command printed."""
+    print(_line_start(at_line_start) + json_line(session_json(sid, state, changes, **fields)),
+          flush=True)
+
+
+def cmd_exec(args, cmd):
+    result = ops.exec_in(args.sid, cmd, timeout=args.timeout, wait=args.wait,
+                         track_stdout=args.json)
+    if args.json:
+        session = ops.get_session(args.sid)
+        print_session_json(args.sid, session.meta["state"], ops.diff(args.sid),
+                           at_line_start=result.at_line_start, exit_code=result.exit_code,
+                           timed_out=result.timed_out, layer=result.layer)
+    return result.exit_code
 
 
 def cmd_shell(args):
     from overlord.cli.shell import run_shell
     result = run_shell(args)
-    _print_session_line(result)
+    _print_session_line(result, args.json)
     return result.exit_code
 
 
 def cmd_sessions(args):
     metas = ops.sessions()
     if args.json:
-        R.dump_json([{k: m.get(k) for k in ("sid", "state", "target", "backend", "command",
-                                            "created", "exit_code", "grants")} |
-                     {"layers": len(m.get("layers", []))} for m in metas])
+        dump_json([{k: m.get(k) for k in ("sid", "state", "target", "backend", "command",
+                                          "created", "exit_code", "grants")} |
+                   {"layers": len(m.get("layers", [])),
+                    "forked_from": _fork_json(m.get("forked_from"))} for m in metas])
         return 0
     rows = [(m["sid"], m.get("state", "?"), m.get("backend", "?"), R.escape_path(m.get("target", "")),
-             R.escape_path(m.get("command", "")) or "-") for m in metas]
+             R.session_cause(m)) for m in metas]
     if rows:
         print(R.table(rows))
     return 0
 
 
+def _words(change):
+    """`  (link -> /etc/passwd)`: what a change is beyond its kind, or ""."""
+    words = ops.describe(change)
+    return f"  ({words})" if words else ""
+
+
 def cmd_diff(args):
     changes = ops.diff(args.sid)
+    texts = ops.unified(args.sid, changes) if args.patch else None
     if args.json:
-        R.dump_json([{"path": ch.path, "kind": ch.kind, "layer": ch.layer} for ch in changes])
+        rows = [change_json(ch) for ch in changes]
+        for row, text in zip(rows, texts or ()):
+            row["patch"] = text
+        dump_json(rows)
+        return 0
+    if args.patch:
+        sys.stdout.write("".join(texts))
         return 0
     for ch in changes:
-        print(f"{ch.kind}  {R.escape_path(ch.path)}")
+        print(f"{ch.kind}  {R.escape_path(ch.path)}{_words(ch)}")
     return 0
+
+
+def _record_json(r):
+    return {"path": r.path, "kind": r.kind, "before": r.before, "after": r.after,
+            "layer": r.layer, "caused_by": r.caused_by, "details": dict(r.details or {})}
+
+
+def _log_line(r):
+    return f"{r.kind}  {R.escape_path(r.path)}  {R.short(r.before)} -> {R.short(r.after)}{_words(r)}"
 
 
 def cmd_log(args):
     records = ops.log(args.sid)
-    meta = ops.get_session(args.sid).meta
-    count = len(ops.syscalls(args.sid)) if meta.get("trace") else None
+    traced = ops.traced(args.sid)
+    calls = ops.syscalls(args.sid) if traced else None
+    count = len(calls) if traced else None
+    kept = [r for r in records if not r.dropped]
+    dropped = [r for r in records if r.dropped]
     if args.json:
-        R.dump_json({"sid": args.sid, "syscalls": count, "changes": [
-            {"path": r.path, "kind": r.kind, "before": r.before, "after": r.after,
-             "layer": r.layer, "caused_by": r.caused_by} for r in records]})
+        data = {"sid": args.sid, "syscalls": count, "changes": [_record_json(r) for r in kept],
+                "dropped": [_record_json(r) for r in dropped]}
+        if args.syscalls:
+            data["syscall_records"] = calls
+        dump_json(data)
         return 0
-    for r in records:
-        print(f"{r.kind}  {R.escape_path(r.path)}  {R.short(r.before)} -> {R.short(r.after)}")
+    for r in kept:
+        print(_log_line(r))
+    if dropped:
+        print("dropped (not committed):")
+        for r in dropped:
+            print(_log_line(r))
     if count is not None:
         print(f"syscalls: {count} recorded")
+        if args.syscalls:
+            _print_syscalls(calls)
+    elif args.syscalls:
+        print("syscalls: not traced (run with --trace to record them)")
     return 0
 
 
+def cmd_syscalls(args):
+    if not ops.traced(args.sid):
+        raise OverlordError(f"session {args.sid} was not run with --trace: no syscalls were recorded")
+    calls = ops.syscalls(args.sid)
+    if args.json:
+        dump_json({"sid": args.sid, "syscalls": len(calls), "syscall_records": calls})
+        return 0
+    _print_syscalls(calls)
+    return 0
+
+
+def _print_syscalls(calls):
+    """pid, seconds since the first record, syscall, = return value, what it did (write, exec,
+    connect), then the path it named (or its arguments): one line per syscall, escaped."""
+    if not calls:
+        return
+    t0 = calls[0].get("ts") or 0
+    rows = []
+    for c in calls:
+        ts = c.get("ts")
+        ret = c.get("ret")
+        what = ",".join(w for w in (c.get("kind"), "write" if c.get("write") else None) if w) or "-"
+        shown = c.get("path") if c.get("path") is not None else c.get("args", "")
+        rows.append((c.get("pid", "?"), f"+{ts - t0:.6f}" if isinstance(ts, (int, float)) else "?",
+                     R.escape_path(str(c.get("syscall", "?"))), "=" + ("?" if ret is None else str(ret)),
+                     what, R.escape_path(str(shown)) or "-"))
+    print(R.table(rows))
+
+
 def cmd_commit(args):
-    result = ops.commit(args.sid, force=args.force, merge=args.merge, only=args.only, drop=args.drop)
+    result = ops.commit(args.sid, force=args.force, merge=args.merge, only=args.only, drop=args.drop,
+                        allow_privileged=args.allow_privileged_modes)
     merged = f", {len(result.merged)} merged" if result.merged else ""
     print(f"committed {args.sid}: {R.summarize(result.changes)}{merged}")
     return 0
 
 
 def cmd_revert(args):
-    print(f"session {ops.revert(args.sid, stack=args.stack)}")
+    new = ops.revert(args.sid, stack=args.stack)
+    if args.json:
+        print(json_line(session_json(new, ops.get_session(new).meta["state"], ops.diff(new),
+                                     layer=0, reverts=args.sid)))
+        return 0
+    print(f"session {new}")
     return 0
 
 
@@ -286,10 +544,13 @@ def _savepoint_number(value, flag):
         raise UsageError(f"{flag} takes a savepoint number, not {value!r}") from None
 
 
+SAVEPOINT_KEYS = {"n": "layer", "cause": "caused_by"}     # one name per concept (docs/JSON.md)
+
+
 def cmd_savepoints(args):
     points = ops.savepoints(args.sid)
     if args.json:
-        R.dump_json(points)
+        dump_json([{SAVEPOINT_KEYS.get(k, k): v for k, v in p.items()} for p in points])
         return 0
     for p in points:
         n = p["paths"]
@@ -310,15 +571,30 @@ def cmd_rewind(args):
     return 0
 
 
+def _fork_json(forked_from):
+    if not forked_from:
+        return None
+    return {"sid": forked_from.get("sid"), "layer": forked_from.get("at")}
+
+
 def cmd_fork(args):
-    print(f"session {ops.fork(args.sid, _savepoint_number(args.at, '--at'))}")
+    at = _savepoint_number(args.at, "--at")
+    new = ops.fork(args.sid, at)
+    if args.json:
+        print(json_line(session_json(new, ops.get_session(new).meta["state"], ops.diff(new),
+                                     layer=at, forked_from=_fork_json({"sid": args.sid, "at": at}))))
+        return 0
+    print(f"session {new}")
     return 0
+
+
+COMPARE_STATUS = {"only in A": "only-in-a", "only in B": "only-in-b"}   # no spaces in enums
 
 
 def cmd_compare(args):
     rows = ops.compare(args.a, args.b)
     if args.json:
-        R.dump_json([{"path": p, "status": status} for p, status in rows])
+        dump_json([{"path": p, "status": COMPARE_STATUS.get(status, status)} for p, status in rows])
         return 0
     for p, status in rows:
         print(f"{status}  {R.escape_path(p)}")
@@ -341,23 +617,24 @@ def cmd_blame(args):
 def cmd_doctor(args):
     report = ops.doctor()
     if args.json:
-        R.dump_json({"backends": {n: {"available": ok, "reason": why} for n, (ok, why) in
+        dump_json({"backends": {n: {"available": ok, "reason": why} for n, (ok, why) in
                                   report.backends.items()},
                      "active": report.active, "tools": report.tools, "home": report.home,
                      "in_jail": report.in_jail,
-                     "containment": {n: {"available": ok, "detail": d}
+                     "containment": {n.replace(" ", "_"): {"available": ok, "detail": d}
                                      for n, (ok, d) in report.containment.items()},
                      "coarse": [{"sid": sid, "detail": d} for sid, d in report.coarse]})
         return 0
     if report.in_jail:
         print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
     for name, (ok, why) in report.backends.items():
+        why = R.escape_text(str(why))         # a probe's reason may quote a tool's stderr
         print(f"{name} backend ({why}): available" if ok else f"{name} backend: unavailable ({why})")
     print(f"active backend: {report.active or 'none'}")
     for name, (ok, detail) in report.containment.items():
         print(f"{name}: {'yes' if ok else 'no'} ({detail})")
     for tool, path in report.tools.items():
-        print(f"{tool}: {path or 'not found'}")
+        print(f"{tool}: {R.escape_path(path) if path else 'not found'}")
     print(f"home: {R.escape_path(report.home)}")
     for sid, detail in report.coarse:
         print(f"coarser savepoints in {sid}: {detail}")
@@ -366,4 +643,4 @@ def cmd_doctor(args):
 
 COMMANDS = {"savepoints": cmd_savepoints, "rewind": cmd_rewind, "fork": cmd_fork,
             "compare": cmd_compare, "shell": cmd_shell, "sessions": cmd_sessions, "diff": cmd_diff, "log": cmd_log,
-            "commit": cmd_commit, "blame": cmd_blame, "revert": cmd_revert, "rollback": cmd_rollback, "doctor": cmd_doctor}
+            "commit": cmd_commit, "syscalls": cmd_syscalls, "blame": cmd_blame, "revert": cmd_revert, "rollback": cmd_rollback, "doctor": cmd_doctor}

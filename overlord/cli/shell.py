@@ -60,7 +60,8 @@ def run_shell(args):
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if not interactive:
         return ops.run(_shell_argv(False), target=args.target, backend=args.backend,
-                       wait=args.wait, stack=args.stack, cause={"kind": "command", "command": "shell"})
+                       wait=args.wait, stack=args.stack, cause={"kind": "command", "command": "shell"},
+                       track_stdout=True)
     master, slave = pty.openpty()
     _copy_winsize(sys.stdin.fileno(), slave)
     relay = Relay(master)

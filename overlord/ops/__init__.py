@@ -12,7 +12,8 @@ from overlord.ops.grants import (crossed_grant, load_manifest, merge_grants, req
                                  resolve_target, validate_grants)
 from overlord.ops.history import compare, fork, rewind, savepoints
 from overlord.ops.revert import revert
-from overlord.ops.review import LogRecord, blame, diff, get_session, log, syscalls
+from overlord.ops.review import (KINDS, LogRecord, blame, describe, diff, get_session, log,
+                                 resolve_sid, syscalls, traced, unified)
 
 __all__ = [
     "AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript",
@@ -22,5 +23,6 @@ __all__ = [
     "crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target",
     "validate_grants",
     "compare", "fork", "rewind", "savepoints", "revert",
-    "LogRecord", "blame", "diff", "get_session", "log", "syscalls",
+    "KINDS", "LogRecord", "blame", "describe", "diff", "get_session", "log", "resolve_sid",
+    "syscalls", "traced", "unified",
 ]

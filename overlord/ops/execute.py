@@ -1,8 +1,11 @@
 """Opening sessions and running commands in them: `run`, `exec`."""
 import dataclasses
 import os
+import select
 import shlex
 import shutil
+import stat
+import threading
 import time
 
 from overlord.errors import LaunchError, OverlordError, UsageError
@@ -11,7 +14,7 @@ from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
 from overlord.txn import locks, store
 from overlord.txn.session import Session, open_stamp_ns, remove_tree
-from overlord.ops.grants import _check_backend_grants, _inside, resolve_target
+from overlord.ops.grants import _check_backend_grants, _inside, require_target, resolve_target
 from overlord.ops.review import _recover_stale, get_session
 
 
@@ -41,14 +44,24 @@ class RunResult:
     sid: str
     exit_code: int
     timed_out: bool
-    state: str
+    state: str                # pending, timed-out, or unchanged (the command changed nothing)
     changes: list
     syscalls: int = None
+    notes: list = dataclasses.field(default_factory=list)   # what the person must know: str
+    at_line_start: bool = None   # track_stdout: did the caller's stdout end at a line start?
+    layer: int = None         # the savepoint the command sealed, or None if it wrote nothing
 
 
 def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, stack=False,
-        pty_slave=None, cause=None, on_child=None):
-    """Open a session on target, run one command in it, leave it pending. Returns RunResult."""
+        pty_slave=None, cause=None, on_child=None, track_stdout=False, close_if_unchanged=None):
+    """Open a session on target, run one command in it, leave it pending. Returns RunResult.
+
+    A command that changed nothing leaves the session `unchanged`: closed, so it blocks no
+    later run on the target -- unless close_if_unchanged is False (by default an agent's
+    opening command, cause kind "agent", keeps its session open for the agent's calls).
+    track_stdout: the command's stdout passes through this process (or, for a regular file,
+    its last byte is read back), so RunResult.at_line_start can tell the face whether its
+    own next line starts on a fresh line."""
     if not argv:
         raise UsageError("missing command after --")
     if launcher is not None:
@@ -56,6 +69,9 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
             raise UsageError("a pty or an on_child hook cannot be used through the launcher")
         return launcher.run(argv, target=target, backend=backend, grants=grants, trace=trace,
                             wait=wait, stack=stack, cause=cause)
+    cause = cause or command_cause(argv)
+    if close_if_unchanged is None:
+        close_if_unchanged = cause.get("kind") != "agent"
     grants = grants or {}
     target = resolve_target(target)
     mod = backends.choose(backend)
@@ -72,17 +88,172 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     with locks.TargetLock(target, wait=wait):
         refuse_if_pending(target, stack)
         session = _create_session(target, mod, grants, argv, trace)
+        watch = StdoutWatch() if track_stdout and pty_slave is None else None
         try:
-            outcome, count = _execute(session, mod, argv, cause or command_cause(argv),
-                                      pty_slave=pty_slave, on_child=on_child)
+            outcome, count = _execute(session, mod, argv, cause, pty_slave=pty_slave,
+                                      on_child=on_child, stdio=watch.start() if watch else None)
         except LaunchError:
             remove_tree(session.dir)      # a launch that failed leaves no half-made session
             raise
-    session.meta.update(state="timed-out" if outcome.timed_out else "pending",
-                        exit_code=outcome.exit_code, finished=time.time())
-    session.save()
-    return RunResult(session.sid, outcome.exit_code, outcome.timed_out, session.meta["state"],
-                     session.plan(), count)
+        finally:
+            if watch:
+                watch.finish()
+        changes = session.plan()
+        layer = len(session.meta["layers"]) - 1 if session.meta["layers"] else None
+        if not changes and close_if_unchanged:
+            state = "unchanged"
+        else:
+            state = "timed-out" if outcome.timed_out else "pending"
+        session.meta.update(state=state, exit_code=outcome.exit_code, finished=time.time())
+        if outcome.timed_out:
+            session.meta["timed_out"] = True
+        session.save()
+    if state == "unchanged":
+        _close_unchanged(session)
+    return RunResult(session.sid, outcome.exit_code, outcome.timed_out, state, changes, count,
+                     notes=run_notes(mod, grants, target),
+                     at_line_start=watch.at_line_start if watch else None, layer=layer)
+
+
+def _close_unchanged(session):
+    """An unchanged session keeps only its record, like a rolled-back one."""
+    from overlord.ops.decide import _drop_working_files
+    _drop_working_files(session)
+
+
+def run_notes(mod, grants, target):
+    """What a person must know about what this session captured: said once, after the run."""
+    from overlord.text import escape_path
+    notes = []
+    if not grants.get("jail"):
+        notes.append(f"unjailed: writes outside {escape_path(target)} are not captured")
+    caveat = getattr(mod, "caveat", None)
+    said = caveat(grants) if caveat else None
+    if isinstance(said, str):
+        said = [said]
+    notes.extend(n for n in said or () if n and n not in notes)
+    return notes
+
+
+class StdoutWatch:
+    """Learns whether the caller's stdout ends at the start of a line once a command has
+    written to it, so a face can start its own line fresh. A pipe or socket is relayed
+    through this process (the command writes into our pipe; a thread copies every byte on,
+    remembering the last); a regular file is read back at its end; a terminal cannot be
+    known (at_line_start stays None) and is never interposed, nor is anything else."""
+
+    def __init__(self):
+        self.at_line_start = None
+        self._relay = None
+        self._file = False
+
+    def start(self):
+        """The stdio tuple to launch the command with (None: inherit the caller's)."""
+        try:
+            st = os.fstat(1)
+        except OSError:
+            return None
+        if os.isatty(1):
+            return None
+        if stat.S_ISREG(st.st_mode):
+            self._file = True
+            return None
+        if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            self._relay = _Relay(1)
+            return (None, self._relay.write_fd, None)
+        self.at_line_start = True          # a device such as /dev/null: lines do not matter
+        return None
+
+    def finish(self):
+        if self._relay is not None:
+            self.at_line_start = self._relay.finish()
+        elif self._file:
+            self.at_line_start = _file_ends_a_line(1)
+
+
+def _file_ends_a_line(fd):
+    """Does the regular file open on fd end (at this descriptor's offset, or at the end for
+    an appending one) with a newline, or hold nothing before it? None if it cannot be read."""
+    import fcntl
+    try:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+            end = os.fstat(fd).st_size
+        else:
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:
+        return None
+    if end <= 0:
+        return True
+    try:
+        last = os.pread(fd, 1, end - 1)
+    except OSError:
+        try:           # write-only: read the same file through a fresh descriptor
+            rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(rfd).st_mode):
+                return None
+            last = os.pread(rfd, 1, end - 1)
+        except OSError:
+            return None
+        finally:
+            os.close(rfd)
+    return last in (b"\n", b"")
+
+
+class _Relay:
+    """Copies a pipe the command writes into on to `out`, remembering the last byte. After
+    the command ended, finish() drains what it left in the pipe and stops (a process that
+    outlived it and writes later gets EPIPE, as with a closed reader)."""
+
+    def __init__(self, out):
+        self.out = out
+        self.read_fd, self.write_fd = os.pipe()
+        self._stop_r, self._stop_w = os.pipe()
+        self.last = b""
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self):
+        try:
+            while True:
+                ready, _, _ = select.select([self.read_fd, self._stop_r], [], [])
+                if self.read_fd not in ready:
+                    return                        # stopped, and nothing is left to copy
+                data = os.read(self.read_fd, 1 << 16)
+                if not data:
+                    return
+                self.last = data[-1:]
+                if not self._write(data):
+                    return
+        except OSError:
+            return
+
+    def _write(self, data):
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.out, view)
+            except BlockingIOError:
+                select.select([], [self.out], [])
+                continue
+            except OSError:                    # the reader went away (EPIPE): so do we
+                return False
+            view = view[n:]
+        return True
+
+    def finish(self):
+        """Stop after copying what is in the pipe; True if the last byte was a newline (or
+        nothing was written)."""
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+        os.write(self._stop_w, b"x")
+        self.thread.join()
+        for fd in (self.read_fd, self._stop_r, self._stop_w):
+            os.close(fd)
+        return self.last in (b"\n", b"")
 
 
 def refuse_if_pending(target, stack):
@@ -102,32 +273,43 @@ class ExecResult:
     exit_code: int
     timed_out: bool
     layer: int        # the savepoint this command sealed, or None if it wrote nothing
+    at_line_start: bool = None    # track_stdout: see run()
 
 
-def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=None):
+def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=None,
+            track_stdout=False):
     """Run one more command inside a pending session: the per-tool-call path.
     stdio: (stdin, stdout, stderr) fds for the command (None: the caller's own).
     cancel: a threading.Event; once it is set the command's whole tree is killed (within
-    0.1 s), whatever signals it ignores -- an agent's Ctrl-C."""
+    0.1 s), whatever signals it ignores -- an agent's Ctrl-C.
+    track_stdout: as for run() (only with stdio None): ExecResult.at_line_start."""
     if not argv:
         raise UsageError("missing command after --")
     if launcher is not None:
         return launcher.exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=stdio,
                                 cancel=cancel)
     session = get_session(sid)
+    sid = session.sid
     if session.meta["state"] not in store.OPEN_STATES:
         raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
+    require_target(session.target)
     if session.meta.get("limit"):
         raise OverlordError(f"session {sid} crossed its {session.meta['limit']} grant and can run "
                             "nothing more; review it, then commit or roll it back")
     mod = backends.get(session.dialect)
+    watch = StdoutWatch() if track_stdout and stdio is None else None
     with locks.TargetLock(session.target, wait=wait):
         before = len(session.meta["layers"])
-        outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout,
-                              stdio=stdio, cancel=cancel)
+        try:
+            outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout,
+                                  stdio=(watch.start() if watch else None) or stdio, cancel=cancel)
+        finally:
+            if watch:
+                watch.finish()
         session.save()
     layer = before if len(session.meta["layers"]) > before else None
-    return ExecResult(sid, outcome.exit_code, outcome.timed_out, layer)
+    return ExecResult(sid, outcome.exit_code, outcome.timed_out, layer,
+                      at_line_start=watch.at_line_start if watch else None)
 
 
 @dataclasses.dataclass

@@ -1,19 +1,28 @@
 """Looking at a session: the session record (with stale-run recovery), diff, log, syscalls."""
 import dataclasses
 import os
+import stat
 
 from overlord.errors import OverlordError
+from overlord.ops import patch as _patch
+from overlord.ops.grants import require_target
 from overlord.sandbox import backends
 from overlord.txn import blame as txn_blame
 from overlord.txn import changes as C
-from overlord.txn import locks, store
+from overlord.txn import locks, retain, store
 from overlord.txn.session import Session
 
 
 # -- review ---------------------------------------------------------------------------------------
 
+def resolve_sid(sid):
+    """The id a face was given, with `last` naming the newest session (any target)."""
+    return store.resolve_sid(sid)
+
+
 def get_session(sid):
-    session = Session.load(store.check_sid(sid))
+    sid = store.resolve_sid(sid)
+    session = Session.load(sid)
     if session.meta["state"] == "running":
         try:
             with locks.TargetLock(session.target):
@@ -42,52 +51,185 @@ def diff(sid):
     """[Change] of a session against the real tree (the plan commit would execute)."""
     session = get_session(sid)
     _require_layers(session)
+    require_target(session.target)
     return session.plan()
 
 
 def _require_layers(session):
     if session.meta["state"] in ("committed", "rolled-back"):
+        shown = "what was committed" if session.meta["state"] == "committed" else "what it held"
         raise OverlordError(f"session {session.sid} is {session.meta['state']}; its changes "
-                            "are no longer staged")
+                            f"are no longer staged (`overlord log {session.sid}` shows {shown})")
+
+
+KINDS = C.KINDS
+
+
+def unified(sid, changes=None):
+    """[str]: the unified diff (`git diff`-like text, escaped) of each change of a pending
+    session, in plan order. changes: ops.diff(sid), if the caller already has it."""
+    session = get_session(sid)
+    if changes is None:
+        changes = diff(sid)
+    return [_patch.render(session.target, ch, describe(ch)) for ch in changes]
+
+
+def describe(change):
+    """The words a face prints after a change's path ("link -> /etc/passwd", "fifo",
+    "mode 0644 -> 4644, setuid"), "" when the kind says it all. Takes a Change or a
+    LogRecord (anything with .kind and .details)."""
+    if not getattr(change, "details", None):
+        return ""
+    return C.describe(change)
 
 
 @dataclasses.dataclass
 class LogRecord:
     path: str
     kind: str
-    before: str
-    after: str
+    before: str               # sha256 of the content before (the real tree), None if absent
+    after: str                # sha256 after (the session / what was committed), None if absent
     layer: int
     caused_by: dict
     syscalls: int = None
+    dropped: bool = False     # after a partial commit: a change that was left out
+    details: dict = dataclasses.field(default_factory=dict)   # Change.details (docs/JSON.md)
 
 
 def log(sid):
-    """Per change: sha256 before (real tree) -> after (session), the layer and its cause."""
+    """Per change: sha256 before (real tree) -> after (session), the layer and its cause.
+
+    Pending: the plan commit would execute. Committed: what the commit wrote (its
+    committed.json record, with causes from provenance), then -- after `commit --only/--drop`
+    -- every change of a savepoint that was left out, with dropped=True. Rolled back: what
+    the session held when it was discarded."""
     session = get_session(sid)
-    if session.meta["state"] in ("committed", "rolled-back"):
-        return [LogRecord(r["path"], r["kind"], r.get("before"), r.get("after"), r.get("layer"),
-                          r.get("caused_by")) for r in _net_provenance(session)]
+    state = session.meta["state"]
+    if state == "committed":
+        return _committed_log(session)
+    if state == "rolled-back":
+        return [_record(r) for r in _net(store.read_jsonl(session.path("provenance.jsonl")))]
+    require_target(session.target)
     out = []
     layers_meta = session.meta["layers"]
     for ch in session.plan():
         before = C.content_hash(C.real_path(session.target, ch.path), ch.real) if ch.real else None
         after = C.content_hash(ch.entry.src, ch.entry.st) if ch.entry.src else None
         cause = layers_meta[ch.layer]["cause"] if ch.layer is not None else None
-        out.append(LogRecord(ch.path, ch.kind, before, after, ch.layer, cause))
+        out.append(LogRecord(ch.path, ch.kind, before, after, ch.layer, cause,
+                             details=dict(getattr(ch, "details", None) or {})))
     return out
 
 
-def _net_provenance(session):
-    """After commit or rollback: the last provenance record per path."""
+def _record(rec, dropped=False):
+    return LogRecord(rec["path"], rec["kind"], rec.get("before"), rec.get("after"),
+                     rec.get("layer"), rec.get("caused_by"), dropped=dropped)
+
+
+def _net(records):
+    """The last provenance record per path (a later layer's change supersedes), in path order."""
     last = {}
-    for rec in store.read_jsonl(session.path("provenance.jsonl")):
+    for rec in records:
         last[rec["path"]] = rec
     return [last[p] for p in sorted(last, key=lambda p: p.split("/"))]
 
 
+def _committed_log(session):
+    chosen = session.meta.get("committed_layers")
+    records = store.read_jsonl(session.path("provenance.jsonl"))
+    kept = [r for r in records if chosen is None or r.get("layer", 0) in chosen]
+    left_out = [r for r in records if chosen is not None and r.get("layer", 0) not in chosen]
+    record = retain.load(session)
+    committed = _from_record(record, kept) if record else [_record(r) for r in _net(kept)]
+    return committed + [_record(r, dropped=True) for r in _net(left_out)]
+
+
+def _from_record(record, kept):
+    """LogRecords from committed.json: the paths the commit really changed, each with its
+    state before and after; the layer and cause of the last committed record of the path."""
+    cause = {r["path"]: r for r in _net(kept)}
+    first = {}
+    for r in kept:
+        first.setdefault(r["path"], r)
+    out, gone = [], []
+    for path in sorted(record.get("paths", {}), key=lambda p: p.split("/")):
+        states = record["paths"][path]
+        before, after = states.get("before"), states.get("after")
+        prov = cause.get(path)
+        if before == "unknown":           # the commit could not record it: provenance can
+            src = first.get(path)
+            if src is None:
+                continue
+            before = None if src.get("kind") == "added" else {"sha": src.get("before")}
+        if before is None and after is None:
+            continue                      # a deletion mark over nothing
+        if before == after and prov is None:
+            continue                      # a directory the change merely passed through
+        if after is None and any(path.startswith(g + "/") for g in gone):
+            continue                      # inside a directory deleted or replaced above
+        if before is None:
+            kind = "added"
+        elif after is None:
+            kind = "deleted"
+        elif prov and prov.get("kind") == "replaced-dir":
+            kind = "replaced-dir"
+        else:
+            kind = "modified"
+        if before and before.get("type") == "dir" and (after is None or kind == "replaced-dir"
+                                                       or after.get("type") != "dir"):
+            gone.append(path)
+        out.append(LogRecord(path, kind, (before or {}).get("sha"), (after or {}).get("sha"),
+                             prov.get("layer") if prov else None,
+                             prov.get("caused_by") if prov else None,
+                             details=_state_details(before, after)))
+    return out
+
+
+def _state_type(state):
+    t = state.get("type")
+    if t == "other" and isinstance(state.get("mode"), int):
+        m = state["mode"]
+        for test, name in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
+                           (stat.S_ISCHR, "char-device"), (stat.S_ISBLK, "block-device")):
+            if test(m):
+                return name
+    return t
+
+
+def _state_details(before, after):
+    """Change.details' keys that a committed record can tell (docs/JSON.md)."""
+    out = {}
+    if after:
+        out["type"] = _state_type(after)
+        if after.get("type") == "symlink" and "target" in after:
+            out["link"] = after["target"]
+        if after.get("type") == "other" and isinstance(after.get("rdev"), int):
+            if out["type"] in ("char-device", "block-device"):
+                out["rdev"] = [os.major(after["rdev"]), os.minor(after["rdev"])]
+    if before and before.get("type"):
+        out["before_type"] = _state_type(before)
+    if after and after.get("type") not in ("symlink", None) and "mode" in after:
+        same = bool(before) and _state_type(before) == out.get("type")
+        b_mode = stat.S_IMODE(before["mode"]) if same and isinstance(before.get("mode"), int) else None
+        a_mode = stat.S_IMODE(after["mode"])
+        if b_mode != a_mode:
+            out["mode"] = [b_mode, a_mode]
+    if before and after and "uid" in before and "uid" in after and \
+            (before.get("uid"), before.get("gid")) != (after.get("uid"), after.get("gid")):
+        out["owner"] = [[before.get("uid"), before.get("gid")], [after.get("uid"), after.get("gid")]]
+    return out
+
+
 def syscalls(sid):
+    """What --trace recorded for a session, one dict per syscall, in order (see
+    overlord/sandbox/trace.py): pid, ts, syscall, args, ret, and where they apply path,
+    write (True), kind (exec | connect), recorder (ebpf)."""
     return store.read_jsonl(get_session(sid).path("syscalls.jsonl"))
+
+
+def traced(sid):
+    """The recorder a session was run with (strace | ebpf), or None."""
+    return get_session(sid).meta.get("trace")
 
 
 def blame(path):

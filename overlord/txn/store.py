@@ -17,7 +17,8 @@ import time
 from overlord.errors import NotFound, UsageError
 
 SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
-STATES = ("running", "pending", "timed-out", "committed", "rolled-back")
+STATES = ("running", "pending", "timed-out", "unchanged", "committed", "rolled-back")
+# unchanged: a run whose command changed nothing, closed at once (it blocks no later run)
 OPEN_STATES = ("pending", "timed-out")   # reviewable: may be diffed, committed, rolled back
 
 
@@ -124,8 +125,10 @@ def save_meta(meta):
 
 
 def list_metas():
+    """Every session's record, oldest first: in creation order (ids made in the same second
+    do not sort by their text)."""
     try:
-        names = sorted(os.listdir(sessions_dir()))
+        names = os.listdir(sessions_dir())
     except FileNotFoundError:
         return []
     out = []
@@ -135,4 +138,24 @@ def list_metas():
                 out.append(load_meta(name))
             except NotFound:
                 continue
+    out.sort(key=_creation_order)
     return out
+
+
+def _creation_order(meta):
+    created = meta.get("created")
+    return (created if isinstance(created, (int, float)) else 0, meta.get("sid", ""))
+
+
+LAST = "last"
+
+
+def resolve_sid(sid):
+    """A session id as a person may give it: `last` names the newest session (by creation
+    time, on any target); anything else must be a well-formed id."""
+    if sid == LAST:
+        metas = list_metas()
+        if not metas:
+            raise NotFound("no sessions yet: `last` names none")
+        return metas[-1]["sid"]
+    return check_sid(sid)

@@ -143,7 +143,7 @@ def test_revert_stages_the_inverse_for_review(ovl, target):
     assert state_of(ovl, rev) == "pending" and tree_digest(target) == after   # staged, not applied
     assert ("deleted", "n") in ovl.diff(rev) and ("added", "sub") in ovl.diff(rev)
     pts = json.loads(ovl("savepoints", rev, "--json", check=0).out)
-    assert pts[0]["cause"]["kind"] == "revert" and pts[0]["cause"]["of"] == sid
+    assert pts[0]["caused_by"]["kind"] == "revert" and pts[0]["caused_by"]["of"] == sid
     ovl("commit", rev, check=0)
     assert tree_digest(target) == before
     # the revert of the revert brings the change back
@@ -207,7 +207,7 @@ def test_a_pinned_fuse_mount_is_recorded_on_the_savepoint(home, target, monkeypa
     require_backend("fuse")
     from overlord import ops
     monkeypatch.setenv("OVERLORD_TEST_BACKEND", "fuse")
-    sid = ops.run(["true"], target=str(target), backend="fuse").sid
+    sid = ops.run(["true"], target=str(target), backend="fuse", close_if_unchanged=False).sid
     merged = os.path.join(str(home), "sessions", sid, "merged")
     held = {}
 

@@ -1,11 +1,14 @@
 """The command line as scripts and people meet it: output contracts, bad input, failed launches,
 arbitration and the interactive shell."""
+import base64
 import fcntl
 import hashlib
 import json
 import os
 import re
 import select
+import shutil
+import stat
 import subprocess
 import sys
 import termios
@@ -14,7 +17,7 @@ import uuid
 
 import pytest
 
-from conftest import SESSION_RE, Ovl
+from conftest import SESSION_RE, Ovl, state_of
 
 SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 HEX12 = r"[0-9a-f]{12}"
@@ -180,6 +183,21 @@ def test_sessions_is_one_line_per_session_even_for_odd_commands(ovl, target):
     assert len(raw.splitlines()) == 2 and sid2.encode() in raw
 
 
+def exact(row, key="path"):
+    """The exact bytes of a name in --json: key_b64 when the name is not valid UTF-8 (the
+    key then holds its escaped form), else the key itself."""
+    if f"{key}_b64" in row:
+        return base64.b64decode(row[f"{key}_b64"])
+    return os.fsencode(row[key])
+
+
+def strict_json(raw):
+    """Parse --json output as a strict parser would: UTF-8, and no lone surrogate escaped."""
+    text = raw.decode("utf-8")
+    assert not re.search(r"\\ud[89a-f][0-9a-f]{2}", text, re.I), f"lone surrogate in {text!r}"
+    return json.loads(text)
+
+
 def test_json_carries_non_utf8_and_newline_paths_exactly(ovl, tmp_path, home):
     tgt = os.path.join(os.fsencode(str(tmp_path)), b"tg\xfft")
     os.mkdir(tgt)
@@ -194,11 +212,12 @@ def test_json_carries_non_utf8_and_newline_paths_exactly(ovl, tmp_path, home):
     assert b"\xff" not in human, human
     assert sorted(human.splitlines()) == [b"added  bad\\xffname", b"added  nl\\nname", b"deleted  old"]
 
-    diff = json.loads(ovl("diff", "--json", sid, check=0).stdout)
-    assert {os.fsencode(r["path"]): r["kind"] for r in diff} == want
+    diff = strict_json(ovl("diff", "--json", sid, check=0).stdout)
+    assert {exact(r): r["kind"] for r in diff} == want
+    assert {r["path"] for r in diff} >= {"bad\\xffname", "nl\nname"}   # escaped beside the bytes
 
-    log = json.loads(ovl("log", "--json", sid, check=0).stdout)
-    changes = {os.fsencode(r["path"]): r for r in log["changes"]}
+    log = strict_json(ovl("log", "--json", sid, check=0).stdout)
+    changes = {exact(r): r for r in log["changes"]}
     assert set(changes) == set(want)
     assert changes[b"bad\xffname"]["after"] == sha(b"x")
     assert changes[b"nl\nname"]["after"] == sha(b"y")
@@ -208,8 +227,8 @@ def test_json_carries_non_utf8_and_newline_paths_exactly(ovl, tmp_path, home):
     assert b"\xff" not in human_log
     assert any(line.startswith(b"added  nl\\nname  - -> ") for line in human_log.splitlines())
 
-    sessions = json.loads(ovl("sessions", "--json", check=0).stdout)
-    assert [os.fsencode(s["target"]) for s in sessions if s["sid"] == sid] == [tgt]
+    sessions = strict_json(ovl("sessions", "--json", check=0).stdout)
+    assert [exact(s, "target") for s in sessions if s["sid"] == sid] == [tgt]
     human_sessions = ovl("sessions", check=0).stdout
     assert b"\xff" not in human_sessions and b"tg\\xfft" in human_sessions
 
@@ -218,8 +237,8 @@ def test_doctor_json_and_human_carry_a_non_utf8_home(ovl, tmp_path):
     odd_home = os.path.join(os.fsencode(str(tmp_path)), b"ho\xffme")
     os.mkdir(odd_home)
     env = {"OVERLORD_HOME": os.fsdecode(odd_home)}
-    report = json.loads(ovl("doctor", "--json", env=env, check=0).stdout)
-    assert os.fsencode(report["home"]) == odd_home
+    report = strict_json(ovl("doctor", "--json", env=env, check=0).stdout)
+    assert exact(report, "home") == odd_home
     assert report["active"] == ovl.backend
     human = ovl("doctor", env=env, check=0).stdout
     assert b"\xff" not in human, f"human output must escape undecodable bytes: {human!r}"
@@ -565,3 +584,228 @@ def test_shell_ctrl_c_interrupts_the_command_not_the_shell(ovl, home, target):
     finally:
         sh.close()
     assert ("added", "after.txt") in ovl.diff(sid)
+
+
+# -- 7. scripts get the session they made; empty runs; seeing the change (issue 10) ----------
+
+def _shell(ovl, script, **kw):
+    """A shell pipeline whose `overlord` is this checkout's CLI."""
+    return subprocess.run(["sh", "-c", script], env=ovl.env({"OVERLORD": f"{sys.executable} -m overlord"}),
+                          capture_output=True, timeout=120, **kw)
+
+
+@pytest.mark.parametrize("output", ["x", "x\n", ""])
+def test_the_session_line_starts_a_fresh_line_through_a_pipe_and_into_a_file(ovl, target, tmp_path,
+                                                                             output):
+    """`sid=$(overlord run -- printf x | awk '/^session /{print $2}')` gets the sid; a command
+    whose output ends with a newline gets no blank line before the session line."""
+    proc = _shell(ovl, f"$OVERLORD run -t '{target}' -- printf '{output}' | "
+                       "awk '/^session /{print $2}'")
+    sid = proc.stdout.decode().strip()
+    assert SID_RE.match(sid), (proc.stdout, proc.stderr)
+    out = tmp_path / "out.txt"
+    proc = _shell(ovl, f"$OVERLORD run -t '{target}' -- printf '{output}' > '{out}'")
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    lines = text.split("\n")
+    assert text.startswith(output) and lines[-1] == "" and len(lines) == (3 if output else 2), text
+    assert SESSION_RE.match(lines[-2]), text
+    # appended to a file that already ends mid-line, whoever wrote it
+    out.write_text("earlier")
+    _shell(ovl, f"$OVERLORD run -t '{target}' -- true >> '{out}'")
+    assert SESSION_RE.match(out.read_text().split("\n")[1]), out.read_text()
+
+
+def test_exec_json_starts_a_fresh_line(ovl, target):
+    sid, _ = ovl.sh(target, "echo 1 > one")
+    proc = ovl("exec", "--json", sid, "--", "printf", "no-newline", check=0)
+    head, _, last = proc.out.rstrip("\n").rpartition("\n")
+    assert head == "no-newline", proc.out
+    assert json.loads(last)["sid"] == sid
+
+
+def test_sessions_are_listed_in_creation_order_and_last_names_the_newest(ovl, target, home):
+    (home / "sessions").mkdir(exist_ok=True)
+    # ids in the same second sort by their random tail, not by when they were made
+    for sid, created in (("20260101-000000-ffffff", 1000.0), ("20260101-000000-000000", 2000.0)):
+        (home / "sessions" / sid).mkdir()
+        (home / "sessions" / sid / "meta.json").write_text(
+            json.dumps(dict(decoy_meta(sid, target), state="rolled-back", created=created)))
+    listed = [line.split()[0] for line in ovl("sessions", check=0).out.splitlines()]
+    assert listed == ["20260101-000000-ffffff", "20260101-000000-000000"]
+    assert [s["sid"] for s in json.loads(ovl("sessions", "--json", check=0).out)] == listed
+    first, _ = ovl.sh(target, "echo 1 > first.txt")
+    second, _ = ovl.sh(target, "echo 2 > second.txt", flags=["--stack"])
+    assert [line.split()[0] for line in ovl("sessions", check=0).out.splitlines()][-2:] == [first, second]
+    assert ovl.diff("last") == [("added", "second.txt")]
+    assert json.loads(ovl("log", "--json", "last", check=0).out)["sid"] == second
+    ovl("exec", "last", "--", "sh", "-c", "echo 3 > third.txt", check=0)
+    assert ("added", "third.txt") in ovl.diff(second)
+    ovl("rollback", "last", check=0)
+    assert state_of(ovl, second) == "rolled-back" and state_of(ovl, first) == "pending"
+    proc = ovl("fork", first, "--at", "0", check=0)
+    fork = SESSION_RE.search(proc.out).group(1)
+    assert ovl("compare", first, "last", check=0).out.splitlines() == ["same  first.txt"]
+    ovl("commit", "last", check=0)
+    assert state_of(ovl, fork) == "committed" and (target / "first.txt").exists()
+
+
+def test_last_with_no_sessions_is_one_line(home):
+    proc = Ovl(home)("diff", "last")
+    assert_one_line_error(proc, 1)
+    assert "no sessions" in proc.err
+
+
+def test_a_run_that_changed_nothing_is_unchanged_and_blocks_nothing(ovl, target, home):
+    before = snapshot(target)
+    sid, proc = ovl.sh(target, "cat hello.txt > /dev/null; echo looked")
+    assert re.search(rf"^session {sid}  unchanged  no changes; exit 0$", proc.out, re.M), proc.out
+    assert state_of(ovl, sid) == "unchanged"
+    assert meta(home, sid)["state"] == "unchanged"
+    assert ovl("diff", sid, check=0).out == "" and ovl("log", sid, check=0).out == ""
+    # closed: nothing can run in it or commit it, and the next run needs no --stack
+    assert_one_line_error(ovl("exec", sid, "--", "touch", "x"), 1)
+    assert_one_line_error(ovl("commit", sid), 1)
+    nxt, _ = ovl.sh(target, "echo n > n.txt")
+    assert nxt and state_of(ovl, nxt) == "pending"
+    ovl("rollback", nxt, check=0)
+    # a shell that changed nothing, and a timed-out command that changed nothing, likewise
+    proc = ovl("shell", "-t", target, input=b"ls > /dev/null\n", check=0)
+    assert state_of(ovl, SESSION_RE.search(proc.out).group(1)) == "unchanged"
+    timed, _ = ovl.sh(target, "sleep 30", flags=["--timeout", "0.5"], check=124)
+    assert state_of(ovl, timed) == "unchanged"
+    assert snapshot(target) == before
+    assert not os.path.exists(home / "sessions" / sid / "layers")
+
+
+def test_an_agent_session_that_changed_nothing_stays_pending(ovl, target, tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"model": "scripted-test", "turns": [{"text": "nothing to do"}]}))
+    flags = ["--no-jail", "--net", "host"] if ovl.backend == "fuse" else []
+    proc = ovl("agent", "-t", target, "--provider", "scripted", "--script", script, *flags,
+               "look around", check=0)
+    sid = SESSION_RE.search(proc.out).group(1)
+    assert state_of(ovl, sid) == "pending", proc.out
+
+
+def test_diff_marks_types_and_metadata(ovl, target):
+    mode = stat.S_IMODE(os.stat(target / "hello.txt").st_mode)
+    sid, _ = ovl.sh(target, "ln -s /etc/passwd evil; mkfifo f; chmod u+s hello.txt; "
+                            "mkdir d; echo x > plain.txt; "
+                            "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+    lines = ovl("diff", sid, check=0).out.splitlines()
+    assert "added  evil  (link -> /etc/passwd)" in lines, lines
+    assert "added  f  (fifo)" in lines and "added  sock  (socket)" in lines, lines
+    assert "added  d  (dir)" in lines and "added  plain.txt" in lines, lines
+    assert f"modified  hello.txt  (mode {mode:04o} -> {mode | 0o4000:04o}, setuid, metadata only)" \
+        in lines, lines
+    log = {split[1]: split for split in (line.split("  ") for line in ovl("log", sid, check=0).out.splitlines())}
+    assert log["evil"][-1] == "(link -> /etc/passwd)" and log["f"][-1] == "(fifo)", log
+    assert ovl.diff(sid) == sorted([("added", "evil"), ("added", "f"), ("added", "sock"),
+                                    ("added", "d"), ("added", "plain.txt"),
+                                    ("modified", "hello.txt")])
+
+
+def _applied(target, patch, tmp_path):
+    """The target with the patch applied by git (outside any repository), as a tree."""
+    from conftest import tree
+    copy = tmp_path / "applied"
+    shutil.copytree(target, copy, symlinks=True)
+    proc = subprocess.run(["git", "apply", "--unsafe-paths", "-p1", "--directory=.", "-"],
+                          input=patch, cwd=copy, capture_output=True)
+    assert proc.returncode == 0, (proc.stderr, patch)
+    return tree(copy)
+
+
+def test_diff_patch_is_a_unified_diff_git_can_apply(ovl, target, tmp_path, home):
+    from conftest import tree
+    if not shutil.which("git"):
+        pytest.skip("git is not installed")
+    (target / "long.txt").write_text("".join(f"line {i}\n" for i in range(1, 41)))
+    (target / "bye.txt").write_text("going\n")
+    (target / "blob.bin").write_bytes(b"\0\1\2")
+    script = ("sed -i 's/^line 20$/line twenty/' long.txt; echo more >> hello.txt; rm bye.txt; "
+              "printf 'no newline' > sub/new.txt; printf 'x\\0y' > blob.bin; "
+              "head -c 700000 /dev/zero | tr '\\0' 'a' > big.txt")
+    sid, _ = ovl.sh(target, script)
+    proc = ovl("diff", sid, "--patch", check=0)
+    patch = proc.stdout
+    text = patch.decode()
+    assert "@@ -17,7 +17,7 @@\n line 17\n line 18\n line 19\n-line 20\n+line twenty\n" in text, text
+    assert "diff --git a/bye.txt b/bye.txt\ndeleted file mode 100" in text
+    assert "+++ b/sub/new.txt\n@@ -0,0 +1 @@\n+no newline\n\\ No newline at end of file\n" in text
+    assert "Binary files a/blob.bin and b/blob.bin differ" in text
+    assert re.search(r"diff --git a/big.txt b/big.txt\nnew file mode 100\d+\n# large file, not compared: "
+                     r"683\.6 KiB\n", text), text
+    # what git applies from the text patch is the session's tree, but for what it summarized
+    ovl("exec", sid, "--", "rm", "blob.bin", "big.txt", check=0)
+    (target / "blob.bin").unlink()
+    session_tree = {k: v for k, v in tree(target).items()}
+    applied = _applied(target, ovl("diff", sid, "--patch", check=0).stdout, tmp_path)
+    expected = dict(session_tree)
+    expected["long.txt"] = expected["long.txt"].replace(b"line 20\n", b"line twenty\n")
+    expected["hello.txt"] += b"more\n"
+    del expected["bye.txt"]
+    expected["sub/new.txt"] = b"no newline"
+    assert applied == expected
+
+
+def test_log_after_a_partial_commit_shows_what_was_committed_and_what_was_dropped(ovl, target):
+    sid, _ = ovl.sh(target, "echo kept > kept.txt; echo more >> hello.txt")
+    ovl("exec", sid, "--", "sh", "-c", "echo notes > NOTES.md; echo again >> hello.txt", check=0)
+    ovl("commit", sid, "--drop", "layer:1", check=0)
+    assert not (target / "NOTES.md").exists() and (target / "hello.txt").read_text() == "hello\nmore\n"
+    lines = ovl("log", sid, check=0).out.splitlines()
+    cut = lines.index("dropped (not committed):")
+    committed, dropped = lines[:cut], lines[cut + 1:]
+    assert [line.split("  ")[:2] for line in committed] == [["modified", "hello.txt"], ["added", "kept.txt"]]
+    assert f"{sha(b'hello' + bytes([10]))[:12]} -> {sha(b'hello' + bytes([10]) + b'more' + bytes([10]))[:12]}" \
+        == committed[0].split("  ")[2], committed
+    assert sorted(line.split("  ")[:2] for line in dropped) == [["added", "NOTES.md"], ["modified", "hello.txt"]]
+    data = json.loads(ovl("log", "--json", sid, check=0).out)
+    assert [(c["path"], c["layer"]) for c in data["changes"]] == [("hello.txt", 0), ("kept.txt", 0)]
+    assert sorted((c["path"], c["layer"]) for c in data["dropped"]) == [("NOTES.md", 1), ("hello.txt", 1)]
+    assert data["changes"][0]["after"] == sha(b"hello\nmore\n")
+    # a whole commit has nothing dropped
+    whole, _ = ovl.sh(target, "echo w > w.txt")
+    ovl("commit", whole, check=0)
+    assert json.loads(ovl("log", "--json", whole, check=0).out)["dropped"] == []
+    assert "dropped" not in ovl("log", whole, check=0).out
+
+
+def test_syscalls_shows_what_trace_recorded(ovl, target):
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed")
+    marker = uuid.uuid4().hex[:8]
+    sid, _ = ovl.run(target, "sh", "-c", f"echo x > traced-{marker}.txt", flags=["--trace"])
+    proc = ovl("syscalls", sid, check=0)
+    rows = [line.split() for line in proc.out.splitlines()]
+    writes = [r for r in rows if r[-1].endswith(f"traced-{marker}.txt") and "write" in r[-2]]
+    assert writes, proc.out
+    assert all(r[0].isdigit() and r[1].startswith("+") and r[3].startswith("=") for r in rows)
+    data = json.loads(ovl("syscalls", "--json", sid, check=0).out)
+    assert data["sid"] == sid and data["syscalls"] == len(data["syscall_records"]) == len(rows)
+    assert ovl("log", "--syscalls", sid, check=0).out.splitlines()[-len(rows):] == proc.out.splitlines()
+    untraced, _ = ovl.sh(target, "echo u > u.txt", flags=["--stack"])
+    assert_one_line_error(ovl("syscalls", untraced), 1)
+
+
+def test_an_unjailed_run_says_what_it_does_not_capture(ovl, target):
+    sid, proc = ovl.sh(target, "echo x > x.txt")
+    note = f"unjailed: writes outside {target} are not captured"
+    assert proc.err.count(note) == 1, proc.err
+    assert note not in proc.out
+    if ovl.backend == "kernel":
+        sid, proc = ovl.sh(target, "echo y > y.txt", flags=["--jail", "--stack"])
+        assert "unjailed" not in proc.err, proc.err
+
+
+def test_commit_allow_privileged_modes(ovl, target, home):
+    sid, _ = ovl.sh(target, "chmod u+s hello.txt")
+    proc = ovl("commit", sid)
+    assert_one_line_error(proc, 1)
+    assert "--allow-privileged-modes" in proc.err and "setuid" in proc.err
+    assert not os.stat(target / "hello.txt").st_mode & stat.S_ISUID
+    ovl("commit", sid, "--allow-privileged-modes", check=0)
+    assert os.stat(target / "hello.txt").st_mode & stat.S_ISUID
+    assert meta(home, sid).get("allowed_privileged")

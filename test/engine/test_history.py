@@ -16,8 +16,8 @@ def test_exec_seals_a_savepoint_per_writing_command(ovl, target):
     assert proc.returncode == 5 and proc.out == "out\n"
     ovl("exec", sid, "--", "true", check=0)              # writes nothing: no savepoint
     pts = points(ovl, sid)
-    assert [p["n"] for p in pts] == [0, 1]
-    assert "echo 2 > two" in pts[1]["cause"]["command"]
+    assert [p["layer"] for p in pts] == [0, 1]
+    assert "echo 2 > two" in pts[1]["caused_by"]["command"]
     lines = ovl("savepoints", sid, check=0).out.splitlines()
     assert lines[0].startswith("@0  1 path  ") and lines[1].startswith("@1  1 path  ")
     assert ovl.diff(sid) == [("added", "one"), ("added", "two")]

@@ -1,4 +1,5 @@
-"""Per-file unified diffs of a session's change, as data the pages render.
+"""Per-file unified diffs of a session's change: as data the web pages render (file_diff)
+and as text like `git diff` prints (render, for `overlord diff --patch`).
 
 The change itself is ops.diff (the plan commit will execute); this only reads the two sides of
 each changed path -- the real file and the session's version of it -- and compares them. Nothing
@@ -8,6 +9,8 @@ summarized rather than compared, and a long diff is cut with a note saying how m
 import difflib
 import os
 import stat
+
+from overlord.text import escape_path, escape_text
 
 MAX_BYTES = 512 << 10          # a side larger than this is summarized, not compared
 MAX_LINES = 2000               # diff lines per file, at most
@@ -210,3 +213,104 @@ def _size(n):
             return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} bytes"
+
+
+# -- as text, like `git diff` --------------------------------------------------------------------
+
+def render(target, change, words=""):
+    """The unified diff of one change as text a terminal may show: `diff --git a/P b/P`, the
+    mode lines git writes (new file mode 100644, old mode / new mode, deleted file mode), then
+    `--- a/P` / `+++ b/P` and the hunks, with `\\ No newline at end of file` where it applies.
+    A symlink's side is its link text (as git shows it); binary and large files, directories,
+    special files and invalid whiteouts get one summary line instead of hunks. words: what the
+    change is beyond its kind (ops.describe), shown as a `# ...` line. Paths and lines are
+    escaped (a command chose them), so bytes that are not printable text never reach the
+    terminal; a patch holding such bytes is for reading, not for `git apply`."""
+    path = escape_path(change.path)
+    entry = change.entry
+    new_st = entry.st if entry.kind not in ("whiteout", "invalid") else None
+    old_st = change.real
+    new_kind, old_kind = _kind(new_st), _kind(old_st)
+    head = [f"diff --git a/{path} b/{path}"]
+    if change.kind == "invalid-whiteout":
+        return _join(head + ["# an invalid whiteout: commit will refuse it"])
+    if old_st is None and new_st is not None:
+        head.append(f"new file mode {new_st.st_mode:06o}")
+    elif new_st is None and old_st is not None:
+        head.append(f"deleted file mode {old_st.st_mode:06o}")
+    elif old_st is not None and new_st is not None and old_st.st_mode != new_st.st_mode:
+        head += [f"old mode {old_st.st_mode:06o}", f"new mode {new_st.st_mode:06o}"]
+    if words:
+        head.append(f"# {words}")
+    if "dir" in (new_kind, old_kind) and new_kind in ("dir", None) and old_kind in ("dir", None):
+        what = {"added": "directory added", "deleted": "directory deleted",
+                "replaced-dir": "directory replaced: its old contents go",
+                "modified": "directory metadata changed"}.get(change.kind, "directory")
+        return _join(head + [f"# {what}"])
+    old = _side(os.path.join(target, change.path), old_st, old_kind)
+    new = _side(entry.src, new_st, new_kind) if new_st is not None else b""
+    if old is _SPECIAL or new is _SPECIAL:
+        return _join(head + ["# a special file (device, fifo or socket): no content to compare"])
+    a_name = f"a/{path}" if old_st is not None and old_kind != "dir" else "/dev/null"
+    b_name = f"b/{path}" if new_st is not None and new_kind != "dir" else "/dev/null"
+    if old is None or new is None:
+        return _join(head + ["# unreadable: not compared"])
+    if isinstance(old, int) or isinstance(new, int):
+        return _join(head + [f"# large file, not compared: {_sizes(change.kind, old, new)}"])
+    old_text, new_text = _text(old), _text(new)
+    if old_text is None or new_text is None:
+        return _join(head + [f"Binary files {a_name} and {b_name} differ"])
+    if old_text == new_text:
+        return _join(head)
+    lines = head + [f"--- {a_name}", f"+++ {b_name}"]
+    a, b = _lines(old_text), _lines(new_text)
+    for group in grouped(opcodes(a, b), CONTEXT):
+        first, last = group[0], group[-1]
+        lines.append(f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                lines += _marked(" ", a[i1:i2])
+                continue
+            if tag in ("replace", "delete"):
+                lines += _marked("-", a[i1:i2])
+            if tag in ("replace", "insert"):
+                lines += _marked("+", b[j1:j2])
+    return _join(lines)
+
+
+_SPECIAL = object()
+
+
+def _side(path, st, kind):
+    """The bytes to compare for one side: a file's content, a symlink's text, b"" when
+    absent; an int (the size) when too large, None when unreadable, _SPECIAL when the side has
+    no content (a device, fifo or socket)."""
+    if st is None or kind == "dir":
+        return b""                 # absent, or a directory facing a file: compared with nothing
+    if kind == "file":
+        return _read(path, st)
+    if kind == "symlink":
+        try:
+            return os.readlink(os.fsencode(path))
+        except OSError:
+            return None
+    return _SPECIAL
+
+
+def _lines(text):
+    """Lines with their newline kept; a last line without one stays without."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def _marked(tag, lines):
+    out = []
+    for line in lines:
+        out.append(tag + escape_text(line[:-1] if line.endswith("\n") else line))
+        if not line.endswith("\n"):
+            out.append("\\ No newline at end of file")
+    return out
+
+
+def _join(lines):
+    return "\n".join(lines) + "\n"
