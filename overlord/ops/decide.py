@@ -8,6 +8,7 @@ from overlord.sandbox import limits
 from overlord.txn import changes as C
 from overlord.txn import commit as K
 from overlord.txn import history, locks, objects, replay, retain, store
+from overlord.txn import layers as L
 from overlord.txn.session import Session, remove_tree
 from overlord.ops.grants import require_target
 from overlord.ops.review import get_session
@@ -39,13 +40,14 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
     if chosen is not None and not chosen:
         raise UsageError("the selectors leave no savepoint to commit")
     with locks.TargetLock(session.target):
-        view = session.view(chosen)
+        layers = session.read_layers(chosen)
+        view = L.stack(layers)
         plan = C.plan(view, session.target, session.dialect)
         privileged = K.privileged(plan)
         if privileged and not allow_privileged:
             K.refuse_privileged(privileged)
         records = session.provenance()
-        drifts = K.check_drift(session, view, records)
+        drifts = K.check_drift(session, view, records, layers)
         merged = {}
         if drifts and merge:
             hard = [d for d in drifts if not d.forceable]

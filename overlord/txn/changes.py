@@ -10,6 +10,7 @@ import stat
 
 from overlord.text import escape_text
 from overlord.txn import layers as L
+from overlord.txn import store
 
 KINDS = ("added", "modified", "deleted", "replaced-dir", "invalid-whiteout")
 
@@ -17,13 +18,15 @@ KINDS = ("added", "modified", "deleted", "replaced-dir", "invalid-whiteout")
 @contextlib.contextmanager
 def readable(path):
     """Let us read a file of our own that the command left unreadable (a mode-000 file in a
-    layer), restoring its mode afterwards."""
+    layer), restoring its mode afterwards. Never in the real tree: a chmod there, even undone,
+    moves the file's ctime -- drift evidence."""
     try:
         st = os.lstat(path)
     except OSError:
         yield
         return
-    if os.access(path, os.R_OK, follow_symlinks=False) or not stat.S_ISREG(st.st_mode):
+    if (os.access(path, os.R_OK, follow_symlinks=False) or not stat.S_ISREG(st.st_mode) or
+            not _in_store(path)):
         yield
         return
     os.chmod(path, stat.S_IMODE(st.st_mode) | 0o400)
@@ -31,6 +34,11 @@ def readable(path):
         yield
     finally:
         os.chmod(path, stat.S_IMODE(st.st_mode))
+
+
+def _in_store(path):
+    home = store.home().rstrip("/") + "/"
+    return os.path.abspath(path).startswith(home)
 
 
 def sha256_file(path):

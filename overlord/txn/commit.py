@@ -8,9 +8,11 @@ import subprocess
 from overlord.errors import Conflict
 from overlord.text import escape_path
 from overlord.txn import changes as C
+from overlord.txn import layers as L
 from overlord.txn.replay import DirFds, ViaSymlink, safe_lstat
 
-UNFORCEABLE = ("via a symlink", "whiteout names the tree root", "invalid whiteout")
+SPLIT_LINK = "hard link split across savepoints (the fuse backend showed either version)"
+UNFORCEABLE = ("via a symlink", "whiteout names the tree root", "invalid whiteout", SPLIT_LINK)
 
 
 @dataclasses.dataclass
@@ -26,7 +28,7 @@ class Drift:
         return f"{self.reason}: {escape_path(self.path)}"
 
 
-def check_drift(session, view, records=None):
+def check_drift(session, view, records=None, layers=None):
     """Every way the real tree moved under the session, on every path replay would touch.
 
     Evidence: the kernel's ctime (no process can set it) against the open stamp, plus the
@@ -37,10 +39,15 @@ def check_drift(session, view, records=None):
     base = session.base(records)
     restored = session.restored()
     drifts = []
+    if session.dialect == "fuse" and layers is not None:
+        drifts.extend(Drift(p, SPLIT_LINK) for p in L.split_links(layers, view))
     fds = DirFds(session.target)
+    replaced = set()          # real directories (or non-dirs) replay replaces wholesale
     try:
         for path in C.touched_paths(view):
             entry = view[path]
+            if any(p in replaced for p in L.parents(path)):
+                continue              # what is below goes with its parent, checked there
             if entry.kind == "invalid":
                 parent = path.rpartition("/")[0]
                 drifts.append(Drift(path, "whiteout names the tree root" if not parent
@@ -51,6 +58,8 @@ def check_drift(session, view, records=None):
             except ViaSymlink:
                 drifts.append(Drift(path, "via a symlink"))
                 continue
+            if entry.kind == "dir" and cur is not None and (entry.opaque or not stat.S_ISDIR(cur.st_mode)):
+                replaced.add(path)
             ours = cur is not None and restored.get(path) == [cur.st_ino, cur.st_ctime_ns]
             reason = _path_drift(entry, cur, base.get(path, "unknown"), 0 if ours else stamp)
             if reason:

@@ -200,18 +200,47 @@ def stack(layers):
     """Merge layers (a list, bottom first, of {path: Entry}) into the top-most view.
 
     Returns {path: Entry} where each path is decided by the highest layer naming it, and
-    entries hidden by a whiteout, an opaque dir or a non-dir above them are dropped.
+    entries hidden by a whiteout, an opaque dir or a non-dir above them are dropped. A
+    directory that a lower layer made replace something (an opaque dir, or a dir over a
+    whiteout or non-dir) still replaces it when a later layer copies it up: the view's entry
+    is marked opaque, as overlay itself reads the stack.
     """
     view, hidden = {}, set()
-    for entries in reversed(layers):
+    for entries in reversed(layers):                      # top-most first
         for path, entry in entries.items():
-            if path in view or any(p in hidden for p in parents(path)):
+            if path in hidden or any(p in hidden for p in parents(path)):
                 continue
-            view[path] = entry
-        for path, entry in entries.items():
-            if path in view and view[path] is entry and hides_below(entry):
+            top = view.get(path)
+            if top is None:
+                view[path] = entry
+            elif (top.kind == "dir" and not top.opaque and entry.kind != "invalid"
+                  and hides_below(entry)):
+                # a later layer copied up a directory this layer made replace what is below
+                view[path] = dataclasses.replace(top, opaque=True)
+        for path in entries:
+            if path in view and hides_below(view[path]):
                 hidden.add(path)
     return view
+
+
+def split_links(layers, view):
+    """Paths whose hard-link group in one layer was split by a later layer's copy-up of
+    another of its names. fuse-overlayfs keeps one node per underlying inode, so such names
+    show whichever version it looked up first: what the command saw is not determined by the
+    layers, and commit must refuse rather than guess."""
+    out = []
+    for entries in layers:
+        groups = {}
+        for path, e in entries.items():
+            if e.kind == "file" and e.st.st_nlink > 1:
+                groups.setdefault(e.st.st_ino, []).append(path)
+        for paths in groups.values():
+            live = [p for p in paths if view.get(p) is entries[p]]
+            copied = [p for p in paths if p in view and view[p] is not entries[p]
+                      and view[p].kind == "file"]
+            if live and copied:
+                out.extend(live + copied)
+    return sorted(set(out))
 
 
 def _layer_hides(layer_dir, rel, dialect):

@@ -138,10 +138,13 @@ def _fsync_dir(path):
 
 def plan_steps(fds, view, merged):
     """One step per touched path: what is there now, and what replay will do to it."""
-    steps = []
+    steps, replaced = [], set()
     for path in C.touched_paths(view):
         entry = view[path]
-        cur = safe_lstat(fds, path)
+        # below a directory replay replaces, the real entries go with it: nothing is there
+        cur = None if any(p in replaced for p in L.parents(path)) else safe_lstat(fds, path)
+        if entry.kind == "dir" and cur is not None and (entry.opaque or not stat.S_ISDIR(cur.st_mode)):
+            replaced.add(path)
         steps.append({"path": path, "kind": entry.kind, "existed": cur is not None,
                       "dir": bool(cur is not None and stat.S_ISDIR(cur.st_mode)),
                       "mode": cur.st_mode if cur is not None else None,

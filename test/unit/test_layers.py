@@ -97,3 +97,56 @@ def test_plan_kinds_against_a_real_tree(tmp_path):
     view = L.stack([L.read_layer(str(layer), "kernel", 0)])
     kinds = {c.path: c.kind for c in C.plan(view, str(real))}
     assert kinds == {"file": "modified", "new": "added", "dir": "replaced-dir", "same": "deleted"}
+
+
+def test_a_copied_up_dir_keeps_replacing_what_a_lower_layer_replaced(tmp_path):
+    # layer 0 made x a directory over a file (opaque); layer 1 wrote inside it (a plain copy-up)
+    low, high = tmp_path / "0", tmp_path / "1"
+    (low / "x").mkdir(parents=True)
+    os.setxattr(low / "x", "user.overlay.opaque", b"y")
+    (low / "x" / "i").write_text("i")
+    (high / "x").mkdir(parents=True)
+    (high / "x" / "j").write_text("j")
+    view = L.stack([L.read_layer(str(low), "kernel", 0), L.read_layer(str(high), "kernel", 1)])
+    assert view["x"].layer == 1 and view["x"].opaque
+    assert set(view) == {"", "x", "x/i", "x/j"}
+
+
+def test_hard_links_split_across_layers_are_found(tmp_path):
+    low, high = tmp_path / "0", tmp_path / "1"
+    low.mkdir()
+    high.mkdir()
+    (low / "a").write_text("one")
+    os.link(low / "a", low / "b")
+    (low / "solo").write_text("s")
+    (high / "a").write_text("two")            # a copy-up of one name of the pair
+    layers = [L.read_layer(str(low), "fuse", 0), L.read_layer(str(high), "fuse", 1)]
+    assert L.split_links(layers, L.stack(layers)) == ["a", "b"]
+    only_low = layers[:1]
+    assert L.split_links(only_low, L.stack(only_low)) == []
+
+
+def test_xattrs_are_content_but_overlay_bookkeeping_is_not(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    os.setxattr(f, "user.k", b"1")
+    os.setxattr(f, "user.overlay.origin", b"o")
+    os.setxattr(f, "user.fuseoverlayfs.x", b"o")
+    assert L.xattrs(str(f), "kernel") == {"user.k": b"1", "user.fuseoverlayfs.x": b"o"}
+    assert L.xattrs(str(f), "fuse") == {"user.k": b"1", "user.overlay.origin": b"o"}
+    L.sync_xattrs(str(f), {"user.new": b"2"}, "kernel")
+    assert L.xattrs(str(f), "kernel") == {"user.new": b"2"}
+    assert os.getxattr(f, "user.overlay.origin") == b"o"     # never touched
+
+
+def test_acl_naming_another_principal_is_privileged():
+    def acl(*entries):
+        return (2).to_bytes(4, "little") + b"".join(
+            t.to_bytes(2, "little") + p.to_bytes(2, "little") + i.to_bytes(4, "little")
+            for t, p, i in entries)
+    owner_only = acl((0x01, 6, 0xFFFFFFFF), (0x04, 4, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF))
+    named = acl((0x01, 6, 0xFFFFFFFF), (0x02, 6, 65534), (0x04, 4, 0xFFFFFFFF),
+                (0x10, 6, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF))
+    assert not C.acl_grants_others(owner_only)
+    assert C.acl_grants_others(named)
+    assert C.acl_grants_others(b"garbage")
