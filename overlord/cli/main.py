@@ -623,13 +623,18 @@ def cmd_doctor(args):
                      "in_jail": report.in_jail,
                      "containment": {n.replace(" ", "_"): {"available": ok, "detail": d}
                                      for n, (ok, d) in report.containment.items()},
-                     "coarse": [{"sid": sid, "detail": d} for sid, d in report.coarse]})
+                     "coarse": [{"sid": sid, "detail": d} for sid, d in report.coarse],
+                     "fuse_containment": {"hidden": report.fuse_containment[0],
+                                          "detail": report.fuse_containment[1]}
+                     if report.fuse_containment else None})
         return 0
     if report.in_jail:
         print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
     for name, (ok, why) in report.backends.items():
         why = R.escape_text(str(why))         # a probe's reason may quote a tool's stderr
         print(f"{name} backend ({why}): available" if ok else f"{name} backend: unavailable ({why})")
+    if report.fuse_containment:
+        print(f"fuse containment: {report.fuse_containment[1]}")
     print(f"active backend: {report.active or 'none'}")
     for name, (ok, detail) in report.containment.items():
         print(f"{name}: {'yes' if ok else 'no'} ({detail})")

@@ -4,7 +4,7 @@ import os
 import shutil
 
 from overlord.linux import libc
-from overlord.sandbox import backends, harden, limits
+from overlord.sandbox import backends, fuse, harden, limits
 from overlord.sandbox import trace_ebpf
 from overlord.txn import store
 from overlord.txn.session import MAX_SAVEPOINTS
@@ -25,6 +25,7 @@ class DoctorReport:
     in_jail: bool
     containment: dict         # layer -> (available, what it means here)
     coarse: list = dataclasses.field(default_factory=list)   # [(sid, what got coarser)]
+    fuse_containment: tuple = None   # (OVERLORD_HOME hidden, in words) where fuse is available
 
 
 def doctor():
@@ -36,7 +37,16 @@ def doctor():
         active = next((n for n, (ok, _) in probes.items() if ok), None)
     tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
     return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
-                        containment_layers(probes["kernel"][0], tools), coarse_sessions())
+                        containment_layers(probes["kernel"][0], tools), coarse_sessions(),
+                        fuse_containment(probes["fuse"][0]))
+
+
+def fuse_containment(available):
+    """Whether a fuse command can reach OVERLORD_HOME on this host, said plainly."""
+    if not available:
+        return None
+    level, why = fuse.containment()
+    return level == fuse.HIDDEN, fuse.describe(level, why)
 
 
 def coarse_sessions():

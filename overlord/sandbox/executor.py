@@ -64,6 +64,7 @@ class Outcome:
     exit_code: int
     timed_out: bool = False
     pinned: bool = False      # fuse: something still held the mount, so it was detached lazily
+    containment: tuple = None  # fuse: (level, why) the starter reached (fuse.NONE/HOST_PROC/HIDDEN)
 
 
 def report_and_exit(errfd, exc, code=126):
