@@ -88,7 +88,7 @@ def test_flags_override_the_manifest(ovl, target, tmp_path):
 
 
 def test_a_command_that_finishes_in_time_is_not_timed_out(ovl, target):
-    sid, proc = ovl.sh(target, "echo quick", flags=["--timeout", "20"], check=0)
+    sid, proc = ovl.sh(target, "echo quick; echo q > q.txt", flags=["--timeout", "20"], check=0)
     assert "timed out" not in proc.out
     assert state_of(ovl, sid) == "pending"
 

@@ -222,7 +222,7 @@ def test_session_records_cannot_be_reached_or_forged(jail, tmp_path):
     assert {n: (edir / n).read_bytes() for n in records} == records
     assert {n: os.stat(edir / n).st_mtime_ns for n in records} == before
     meta = jail.meta(res.sid)
-    assert meta["state"] == "pending" and "forged" not in meta
+    assert meta["state"] == "unchanged" and "forged" not in meta     # it changed nothing
     listed = jail.ovl("sessions", check=0).out
     assert earlier in listed and res.sid in listed
 
