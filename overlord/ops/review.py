@@ -16,13 +16,13 @@ from overlord.txn.session import Session
 # -- review ---------------------------------------------------------------------------------------
 
 def resolve_sid(sid):
-    """The id a face was given, with `last` naming the newest session (any target)."""
+    """The id a face was given, with `last` naming the newest session (any target). Faces
+    resolve once, up front; every other operation takes only a well-formed id."""
     return store.resolve_sid(sid)
 
 
 def get_session(sid):
-    sid = store.resolve_sid(sid)
-    session = Session.load(sid)
+    session = Session.load(store.check_sid(sid))
     if session.meta["state"] == "running":
         try:
             with locks.TargetLock(session.target):
