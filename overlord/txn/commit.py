@@ -42,7 +42,7 @@ def check_drift(session, view, records=None, layers=None):
     if session.dialect == "fuse" and layers is not None:
         drifts.extend(Drift(p, SPLIT_LINK) for p in L.split_links(layers, view))
     fds = DirFds(session.target)
-    replaced = set()          # real directories (or non-dirs) replay replaces wholesale
+    replaced = set()          # what opaque directories replace wholesale
     try:
         for path in C.touched_paths(view):
             entry = view[path]
@@ -58,7 +58,7 @@ def check_drift(session, view, records=None, layers=None):
             except ViaSymlink:
                 drifts.append(Drift(path, "via a symlink"))
                 continue
-            if entry.kind == "dir" and cur is not None and (entry.opaque or not stat.S_ISDIR(cur.st_mode)):
+            if entry.kind == "dir" and entry.opaque and cur is not None:
                 replaced.add(path)
             ours = cur is not None and restored.get(path) == [cur.st_ino, cur.st_ctime_ns]
             reason = _path_drift(entry, cur, base.get(path, "unknown"), 0 if ours else stamp)

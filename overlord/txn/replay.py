@@ -143,7 +143,7 @@ def plan_steps(fds, view, merged):
         entry = view[path]
         # below a directory replay replaces, the real entries go with it: nothing is there
         cur = None if any(p in replaced for p in L.parents(path)) else safe_lstat(fds, path)
-        if entry.kind == "dir" and cur is not None and (entry.opaque or not stat.S_ISDIR(cur.st_mode)):
+        if entry.kind == "dir" and entry.opaque and cur is not None:
             replaced.add(path)
         steps.append({"path": path, "kind": entry.kind, "existed": cur is not None,
                       "dir": bool(cur is not None and stat.S_ISDIR(cur.st_mode)),
