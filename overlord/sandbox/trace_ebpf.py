@@ -58,6 +58,8 @@ def script(userns_inode):
         path = f"str(args->{path_arg})" if path_arg else '""'
         lines.append(f'tracepoint:syscalls:sys_enter_{name} {cond} '
                      f'{{ printf("%d %lld {name} %d %s\\n", pid, nsecs, {flags}, {path}); }}')
+    # BEGIN fires once every probe above is attached ("Attaching N probes" comes before)
+    lines.append('BEGIN { printf("READY\\n"); }')
     return "\n".join(lines) + "\n"
 
 
@@ -94,7 +96,9 @@ class EbpfRecorder:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      errors="replace", start_new_session=True)
         first = self.proc.stdout.readline()
-        if not first.startswith("Attaching"):
+        while first.startswith("Attaching"):
+            first = self.proc.stdout.readline()
+        if first.strip() != "READY":
             err = self.proc.stderr.read() if self.proc.poll() is not None else ""
             self.proc.kill()
             self.proc.wait()
