@@ -36,6 +36,8 @@ HIDDEN = "hidden"        # OVERLORD_HOME hidden, and a /proc of the command's ow
 _LEVELS = (NONE, HOST_PROC, HIDDEN)
 
 _probed = None          # (level, why) from containment(), once per process
+# what clone answers when the host (or a filter around us) does not allow the namespaces
+_REFUSED = (errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSPC, errno.EUSERS, errno.ENOSYS)
 _last = None            # (level, why) the last launch in this process reached
 
 
@@ -293,6 +295,11 @@ def _run(spec):
     try:
         pid = libc.clone_namespaces(_flags())
     except OSError as exc:
+        if exc.errno not in _REFUSED:
+            for fd in (errr, errw, down_r, down_w):
+                os.close(fd)
+            state.close()
+            raise LaunchError(f"cannot start the command: {exc.strerror}") from None
         # no namespaces here (unprivileged user namespaces disabled, a seccomp'd caller...):
         # today's behaviour, the command's cwd in the merged view
         _put_state(state, NONE, f"unshare: {os.strerror(exc.errno)}")
