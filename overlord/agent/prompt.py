@@ -76,9 +76,10 @@ def conditions(s):
                      "and writes outside the project are not captured. Stay inside the project.")
     else:
         lines.append("- Sandbox: cooperative, no jail (fuse backend, --no-jail). The project is "
-                     "an overlay your commands reach through relative paths; absolute-path "
-                     "writes, and anything outside the project, are not captured. Stay inside "
-                     "the project and use relative paths.")
+                     "an overlay seen at its real path where this host allows a private mount "
+                     "namespace (else only through relative paths from where your commands "
+                     "start); anything outside the project is not captured. Stay inside the "
+                     "project and use relative paths.")
     lines.append(f"- Project: {s.target} -- the real path of the project you work on; every "
                  "change you make to it is held in a pending transaction, not written to it.")
     lines.append("- Network: " + ("none. Your commands have no network at all, not even "

@@ -6,13 +6,15 @@ import stat
 import subprocess
 
 from overlord.errors import Conflict
-from overlord.text import escape_path
+from overlord.text import escape_path, escape_text
 from overlord.txn import changes as C
 from overlord.txn import layers as L
 from overlord.txn.replay import DirFds, ViaSymlink, safe_lstat
 
 SPLIT_LINK = "hard link split across savepoints (the fuse backend showed either version)"
-UNFORCEABLE = ("via a symlink", "whiteout names the tree root", "invalid whiteout", SPLIT_LINK)
+FORGED = "an overlay xattr set by the command"
+UNFORCEABLE = ("via a symlink", "whiteout names the tree root", "invalid whiteout", SPLIT_LINK,
+               FORGED)
 
 
 @dataclasses.dataclass
@@ -22,7 +24,7 @@ class Drift:
 
     @property
     def forceable(self):
-        return self.reason not in UNFORCEABLE
+        return not self.reason.startswith(UNFORCEABLE)
 
     def __str__(self):
         return f"{self.reason}: {escape_path(self.path)}"
@@ -49,9 +51,11 @@ def check_drift(session, view, records=None, layers=None):
             if any(p in replaced for p in L.parents(path)):
                 continue              # what is below goes with its parent, checked there
             if entry.kind == "invalid":
-                parent = path.rpartition("/")[0]
-                drifts.append(Drift(path, "whiteout names the tree root" if not parent
+                drifts.append(Drift(path, "whiteout names the tree root" if path == ""
                                     else "invalid whiteout"))
+                continue
+            if entry.forged:
+                drifts.append(Drift(path, f"{FORGED} ({escape_text(', '.join(entry.forged))})"))
                 continue
             try:
                 cur = safe_lstat(fds, path)

@@ -24,7 +24,7 @@ OPAQUE = "user.overlay.opaque"
 WHITEOUT = stat.S_IFCHR | 0o000
 
 
-def apply(flat, layer_dir, dialect):
+def apply(flat, layer_dir, dialect, target):
     """Merge one sealed layer onto the flattened view."""
     entries = L.read_layer(layer_dir, dialect)
     dirs = []                                   # attributes set last: linking children
@@ -50,7 +50,10 @@ def apply(flat, layer_dir, dialect):
         if cur is not None:
             _remove(dest, cur)
         if entry.kind == "whiteout":
-            os.mknod(dest, WHITEOUT, 0)
+            # overlay lists a directory that only one lower holds as it is, whiteouts and
+            # all: keep one only where it hides something in the target
+            if _target_has(flat, target, path):
+                os.mknod(dest, WHITEOUT, 0)
         elif entry.kind == "file":
             os.link(entry.src, dest, follow_symlinks=False)
         elif entry.kind == "symlink":
@@ -62,6 +65,27 @@ def apply(flat, layer_dir, dialect):
             _owner(dest, entry.st)
     for dest, entry in reversed(dirs):
         _attrs(dest, entry, dialect)
+
+
+def _target_has(flat, target, path):
+    """Does the target hold something at path that the flattened view lets show through?
+    (Walked without following a symlink; an opaque directory above hides it.)"""
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        above = os.path.join(flat, *parts[:i])
+        if _opaque(above):
+            return False
+        st = _lstat(os.path.join(target, *parts[:i]))
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return False
+    return _lstat(os.path.join(target, path)) is not None
+
+
+def _opaque(path):
+    try:
+        return os.getxattr(path, OPAQUE, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
 
 
 def _lstat(path):

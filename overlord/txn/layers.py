@@ -32,7 +32,21 @@ CONTENT_XATTRS = ("user.", "system.posix_acl_access", "system.posix_acl_default"
                   "security.capability")
 # ...less the overlay's own bookkeeping in each dialect
 INTERNAL_XATTRS = {"kernel": ("user.overlay.", "trusted.overlay."),
-                   "fuse": ("user.fuseoverlayfs.", "trusted.overlay.", "user.containers.")}
+                   "fuse": ("user.fuseoverlayfs.", "trusted.overlay.", "user.containers.",
+                            "user.overlay.")}
+# Overlay's own names that a command set anyway. The kernel stores a command's user.overlay.X
+# escaped, as user.overlay.overlay.X; fuse-overlayfs stores it as it is, hides it from the
+# command, and reads user.overlay.opaque as a mark on the next mount. Either way the name
+# would mean something to the next overlay that meets it: commit refuses such an entry.
+FORGED_XATTRS = {"kernel": ("user.overlay.overlay.",), "fuse": ("user.overlay.",)}
+
+
+def forged_xattrs(path, dialect):
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith(FORGED_XATTRS.get(dialect, ())))
 
 
 def xattrs(path, dialect=None, follow=False):
@@ -75,6 +89,7 @@ class Entry:
     opaque: bool = False
     layer: int = None
     xattrs: dict = None  # what the command saw (overlay's own removed); None for whiteouts
+    forged: list = None  # overlay-reserved xattr names the command set (commit refuses)
 
 
 def _xattr_opaque(path, names):
@@ -168,12 +183,13 @@ def read_layer(layer_dir, dialect, index=None, modes=None):
                 if path in modes:
                     st = with_mode(st, modes[path])
                 entries[path] = Entry(path, "dir", src, st, _xattr_opaque(src, opaque_names), index,
-                                      xattrs(src, dialect))
+                                      xattrs(src, dialect), forged_xattrs(src, dialect))
                 todo.append((path, src))
             else:
                 kind = ("file" if stat.S_ISREG(st.st_mode) else
                         "symlink" if stat.S_ISLNK(st.st_mode) else "other")
-                entries[path] = Entry(path, kind, src, st, layer=index, xattrs=xattrs(src, dialect))
+                entries[path] = Entry(path, kind, src, st, layer=index, xattrs=xattrs(src, dialect),
+                                      forged=forged_xattrs(src, dialect))
     return entries
 
 

@@ -303,9 +303,16 @@ def _finish_dir(fds, path, entry, dialect):
 def _move_into_place(pfd, name, entry, dialect):
     """rename(2) the layer's file over the real one: atomic, no bytes copied. False when the
     layer is on another filesystem (then files are copied)."""
-    for attr in os.listxattr(entry.src, follow_symlinks=False):
-        if attr.startswith(L.INTERNAL_XATTRS[dialect]):
+    own = [a for a in os.listxattr(entry.src, follow_symlinks=False)
+           if a.startswith(L.INTERNAL_XATTRS[dialect])]
+    if own:
+        # removing a user.* xattr needs write permission: the session's mode may lack it
+        mode = stat.S_IMODE(entry.st.st_mode)
+        if not os.access(entry.src, os.W_OK, follow_symlinks=False):
+            os.chmod(entry.src, mode | 0o200)
+        for attr in own:
             os.removexattr(entry.src, attr, follow_symlinks=False)
+        os.chmod(entry.src, mode)
     try:
         os.rename(entry.src, name, dst_dir_fd=pfd)
     except OSError as exc:

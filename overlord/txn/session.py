@@ -116,7 +116,7 @@ class Session:
             os.mkdir(flat, 0o700)
             have = 0
         for d in dirs[have:]:
-            flatten.apply(flat, d, self.dialect)
+            flatten.apply(flat, d, self.dialect, self.target)
         self.meta["flat"] = len(dirs)
         return [flat]
 

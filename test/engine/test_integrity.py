@@ -223,6 +223,7 @@ def test_fuse_overlay_xattrs_a_command_sets_are_never_markers(home, tmp_path):
     script = r"""
 import os
 os.setxattr("d", "user.overlay.opaque", b"y")
+open("new.txt", "w").write("new\n")     # a change besides: the session stays open
 for name in ("user.fuseoverlayfs.opaque", "trusted.overlay.opaque"):
     try:
         os.setxattr("dir", name, b"y")

@@ -45,8 +45,10 @@ def test_fuse_dialect_reads_only_the_markers_fuse_overlayfs_writes(tmp_path):
     assert entries["removed"].kind == "whiteout"
     for name in (".wh.important", "d/.wh..wh..opq", ".wh.dir", ".wh.sym", ".wh.fifo"):
         assert entries[name].kind == "invalid", name
-    assert entries["d"].xattrs == {"user.overlay.opaque": b"y"}     # the command's own xattr
-    assert entries["new"].xattrs == {}                                # fuse-overlayfs's mark
+    # fuse-overlayfs hides user.overlay.* from the command yet reads user.overlay.opaque as a
+    # mark on the next mount: not content, and forged (commit refuses it)
+    assert entries["d"].xattrs == {} and entries["d"].forged == ["user.overlay.opaque"]
+    assert entries["new"].xattrs == {} and entries["new"].forged == []  # fuse-overlayfs's mark
 
 
 def test_fuse_whiteout_naming_root_is_invalid(tmp_path):
@@ -133,7 +135,10 @@ def test_xattrs_are_content_but_overlay_bookkeeping_is_not(tmp_path):
     os.setxattr(f, "user.overlay.origin", b"o")
     os.setxattr(f, "user.fuseoverlayfs.x", b"o")
     assert L.xattrs(str(f), "kernel") == {"user.k": b"1", "user.fuseoverlayfs.x": b"o"}
-    assert L.xattrs(str(f), "fuse") == {"user.k": b"1", "user.overlay.origin": b"o"}
+    assert L.xattrs(str(f), "fuse") == {"user.k": b"1"}
+    os.setxattr(f, "user.overlay.overlay.opaque", b"y")      # how the kernel stores a forged one
+    assert L.forged_xattrs(str(f), "kernel") == ["user.overlay.overlay.opaque"]
+    assert L.forged_xattrs(str(f), "fuse") == ["user.overlay.origin", "user.overlay.overlay.opaque"]
     L.sync_xattrs(str(f), {"user.new": b"2"}, "kernel")
     assert L.xattrs(str(f), "kernel") == {"user.new": b"2"}
     assert os.getxattr(f, "user.overlay.origin") == b"o"     # never touched
