@@ -12,7 +12,7 @@ from overlord.ops.grants import (crossed_grant, load_manifest, merge_grants, req
                                  resolve_target, validate_grants)
 from overlord.ops.history import compare, fork, rewind, savepoints
 from overlord.ops.revert import revert
-from overlord.ops.review import (KINDS, LogRecord, blame, describe, diff, get_session, log,
+from overlord.ops.review import (KINDS, LogRecord, blame, change_words, describe, diff, get_session, log,
                                  resolve_sid, syscalls, traced, unified)
 
 __all__ = [
@@ -23,6 +23,6 @@ __all__ = [
     "crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target",
     "validate_grants",
     "compare", "fork", "rewind", "savepoints", "revert",
-    "KINDS", "LogRecord", "blame", "describe", "diff", "get_session", "log", "resolve_sid",
+    "KINDS", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid",
     "syscalls", "traced", "unified",
 ]

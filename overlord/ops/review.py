@@ -83,6 +83,11 @@ def describe(change):
     return C.describe(change)
 
 
+def change_words(details, kind=None, arrow="->"):
+    """The same words as a list, for faces that lay them out themselves (the web pages)."""
+    return C.words(details, kind, arrow)
+
+
 @dataclasses.dataclass
 class LogRecord:
     path: str

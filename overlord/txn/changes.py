@@ -276,37 +276,41 @@ def describe(change):
     """The words faces print after the path: "link -> /etc/passwd", "fifo",
     "mode 0644 -> 4644, setuid", "owner 0:0 -> 1000:1000", "xattr user.x added"; "" when
     there is nothing to add to the kind."""
-    d = change.details
-    words = []
-    if change.kind in ("added", "modified"):
-        t = d.get("type")
-        if t == "symlink":
-            words.append(f"link -> {escape_text(d['link'])}")
-        elif t not in (None, "file", "dir"):
-            words.append(f"{t} {d['rdev'][0]}:{d['rdev'][1]}" if "rdev" in d else t)
-        elif change.kind == "added" and t == "dir":
-            words.append("dir")
-        before = d.get("before_type")
-        if change.kind == "modified" and before and before != t:
-            words.append(f"was a {before}")
-    if "mode" in d and change.kind == "modified":
-        before, after = d["mode"]
-        words.append(f"mode {_octal(before)} -> {_octal(after)}" if before is not None
-                     else f"mode {_octal(after)}")
-    elif change.kind == "added" and d.get("mode") and d["mode"][1] & 0o7000:
-        words.append(f"mode {_octal(d['mode'][1])}")
+    return ", ".join(words(change.details, change.kind))
+
+
+def words(details, kind=None, arrow="->"):
+    """A change's details (or part of them) as the phrases every face shows, in one
+    vocabulary; `kind` is the change's kind when known. Text a command chose is escaped."""
+    d = details or {}
+    out = []
+    t, before = d.get("type"), d.get("before_type")
+    if t == "symlink" and "link" in d:
+        out.append(f"link {arrow} {escape_text(d['link'])}")
+    elif t not in (None, "file", "dir", "symlink"):
+        out.append(f"{t} {d['rdev'][0]}:{d['rdev'][1]}" if "rdev" in d else t)
+    elif kind == "added" and t == "dir":
+        out.append("dir")
+    if before and t and before != t:
+        out.append(f"was a {before}")
+    if "mode" in d:
+        was, now = d["mode"]
+        if was is not None:
+            out.append(f"mode {_octal(was)} {arrow} {_octal(now)}")
+        elif now & 0o7000:
+            out.append(f"mode {_octal(now)}")
     if "owner" in d:
         (u0, g0), (u1, g1) = d["owner"]
-        words.append(f"owner {u0}:{g0} -> {u1}:{g1}")
+        out.append(f"owner {u0}:{g0} {arrow} {u1}:{g1}")
     for verb in ("added", "removed", "changed"):
-        for name in d.get("xattrs", {}).get(verb, ()):
-            label = "ACL" if name in ACL_XATTRS else ("capability" if name == CAPABILITY_XATTR
-                                                       else f"xattr {escape_text(name)}")
-            words.append(f"{label} {verb}")
-    words.extend("ACL for another principal" if w == "acl" else w for w in d.get("privileged", ()))
+        for name in (d.get("xattrs") or {}).get(verb, ()):
+            label = ("ACL" if name == ACL_XATTRS[0] else "default ACL" if name == ACL_XATTRS[1]
+                     else "capability" if name == CAPABILITY_XATTR else f"xattr {escape_text(name)}")
+            out.append(f"{label} {verb}")
+    out.extend("ACL for another principal" if w == "acl" else w for w in d.get("privileged", ()))
     if d.get("metadata_only"):
-        words.append("metadata only")
-    return ", ".join(words)
+        out.append("metadata only")
+    return out
 
 
 def _octal(mode):

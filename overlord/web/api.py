@@ -172,7 +172,7 @@ def dossier(app, sid):
         details = getattr(r, "details", None) or (getattr(ch, "details", None) if ch else None) or {}
         row = {"path": r.path, "kind": r.kind, "layer": r.layer, "before": r.before,
                "after": r.after, "cause": r.caused_by, "details": details,
-               "notes": detail_words(details), "privileged": list(details.get("privileged") or ())}
+               "notes": detail_words(details, r.kind), "privileged": list(details.get("privileged") or ())}
         (dropped if was_dropped(r) else kept).append(row)
     return {
         "meta": {k: meta.get(k) for k in META_KEYS},
@@ -201,7 +201,8 @@ def _file_diff(target, change):
     (the patch only knows "a special file"), a metadata-only change says what changed."""
     out = diffs.file_diff(target, change)
     details = getattr(change, "details", None) or {}
-    words = detail_words({k: v for k, v in details.items() if k not in TYPE_KEYS})
+    words = detail_words({k: v for k, v in details.items()
+                          if k not in TYPE_KEYS and k != "metadata_only"}, change.kind)
     out["notes"], out["privileged"] = words, list(details.get("privileged") or ())
     if details.get("type") in SPECIAL_TYPES and (out["summary"] or "").startswith("a special file"):
         out["summary"] = detail_words({k: details[k] for k in TYPE_KEYS if k in details})[0]
@@ -210,58 +211,13 @@ def _file_diff(target, change):
     return out
 
 
-SPECIAL_BITS = ((0o4000, "setuid"), (0o2000, "setgid"), (0o1000, "sticky"))
-ACLS = {"system.posix_acl_access": "ACL", "system.posix_acl_default": "default ACL"}
-CAPABILITY = "security.capability"
 SPECIAL_TYPES = ("fifo", "socket", "char-device", "block-device")
 
 
-def detail_words(details):
-    """A change's `details` (the engine's contract) as short phrases a person reads next to the
-    path: "mode 0644 → 4644 (setuid)", "owner 0:0 → 1000:1000", "xattr user.x added",
-    "ACL changed", "file capability added", "link → /etc/passwd", "fifo"."""
-    d = details or {}
-    out = []
-    kind, before_kind = d.get("type"), d.get("before_type")
-    if kind and before_kind and kind != before_kind:
-        out.append(f"{_type_word(before_kind)} → {_type_word(kind)}")
-    elif kind and kind not in ("file", "dir", "symlink"):
-        out.append(_type_word(kind))
-    if kind in ("char-device", "block-device") and d.get("rdev"):
-        out[-1] += " {}:{}".format(*d["rdev"])
-    if d.get("link") is not None:
-        out.append(f"link → {d['link']}")
-    mode = d.get("mode")
-    if mode:
-        before, after = mode
-        added = [name for bit, name in SPECIAL_BITS if after & bit and not (before or 0) & bit]
-        removed = [name for bit, name in SPECIAL_BITS if before and before & bit and not after & bit]
-        tags = ", ".join(added + [f"no {n}" for n in removed])
-        if before is None:
-            if after & 0o7000:
-                out.append(f"mode {after:04o}" + (f" ({tags})" if tags else ""))
-        else:
-            out.append(f"mode {before:04o} → {after:04o}" + (f" ({tags})" if tags else ""))
-    owner = d.get("owner")
-    if owner:
-        (u0, g0), (u1, g1) = owner
-        out.append(f"owner {u0}:{g0} → {u1}:{g1}")
-    grants = "acl" in (d.get("privileged") or ())
-    for how, names in sorted((d.get("xattrs") or {}).items()):
-        for name in names:
-            if name in ACLS:
-                who = " (for another principal)" if grants and how != "removed" else ""
-                out.append(f"{ACLS[name]} {how}{who}")
-            elif name == CAPABILITY:
-                out.append(f"file capability {how}")
-            else:
-                out.append(f"xattr {name} {how}")
-    return out
-
-
-def _type_word(kind):
-    return {"dir": "directory", "symlink": "symlink", "fifo": "fifo", "socket": "socket",
-            "char-device": "character device", "block-device": "block device"}.get(kind, kind)
+def detail_words(details, kind=None):
+    """A change's `details` as the phrases the pages show beside the path (the one vocabulary
+    every face uses: ops.change_words)."""
+    return ops.change_words(details, kind, arrow="\u2192")
 
 
 def _not_running(app, sid, what):

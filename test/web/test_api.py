@@ -453,9 +453,11 @@ def test_metadata_changes_and_privileged_modes_in_words(ui, ovl, target):
     d = ui.ok("GET", f"/api/session/{sid}")
     notes = {c["path"]: c["notes"] for c in d["changes"]}
     before = stat.S_IMODE(os.stat(target / "hello.txt").st_mode)
-    assert notes["hello.txt"] == [f"mode {before:04o} → {before | 0o4000:04o} (setuid)"]
+    assert notes["hello.txt"] == [f"mode {before:04o} → {before | 0o4000:04o}", "setuid",
+                                  "metadata only"]
     assert {c["path"]: c["privileged"] for c in d["changes"]}["hello.txt"] == ["setuid"]
-    assert notes["sub/a.txt"] == [f"mode {stat.S_IMODE(os.stat(target / 'sub/a.txt').st_mode):04o} → 0600"]
+    assert notes["sub/a.txt"] == [f"mode {stat.S_IMODE(os.stat(target / 'sub/a.txt').st_mode):04o} → 0600",
+                                  "metadata only"]
     diffs = {x["path"]: x for x in d["diffs"]}
     assert diffs["hello.txt"]["summary"].startswith("metadata only: mode ")
     r = ui.post(f"/api/session/{sid}/commit")
@@ -469,7 +471,8 @@ def test_metadata_changes_and_privileged_modes_in_words(ui, ovl, target):
     assert stat.S_IMODE(os.stat(target / "hello.txt").st_mode) & 0o4000
     d = ui.ok("GET", f"/api/session/{sid}")
     assert d["meta"]["allowed_privileged"] and d["dropped"] == []
-    assert {c["path"]: c["notes"] for c in d["changes"]}["hello.txt"] == notes["hello.txt"]
+    # the committed record tells the mode change (what the commit allowed is on the meta)
+    assert {c["path"]: c["notes"] for c in d["changes"]}["hello.txt"][0] == notes["hello.txt"][0]
 
 
 def test_the_request_log_never_writes_the_launch_token(home, target):

@@ -646,7 +646,7 @@ def test_console_shows_metadata_and_asks_before_privileged_modes(ui, home, targe
     page.goto(f"{ui.base}/console?token={ui.token}#{sid}")
     ledger = page.locator(".doc-section .ledger").first
     note = ledger.locator("td.path", has_text="hello.txt").locator(".meta-notes")
-    expect(note).to_have_text(f"mode {mode:04o} → {mode | 0o4000:04o} (setuid)")
+    expect(note).to_have_text(f"mode {mode:04o} → {mode | 0o4000:04o} \u00b7 setuid \u00b7 metadata only")
     expect(note).to_have_class("meta-notes privileged")
     expect(ledger.locator("td.path", has_text="sub/a.txt").locator(".meta-notes")).to_contain_text("→ 0600")
     expect(page.locator(".file-diff", has_text="hello.txt")).to_contain_text("metadata only: mode")
@@ -684,7 +684,7 @@ def test_the_inspector_shows_metadata_and_asks_before_privileged_modes(ui, fake,
     page.click("#send")
     expect(page.locator(".note.done")).to_be_visible()
     row = page.locator("#file-list .file-row", has_text="app.py")
-    expect(row.locator(".meta-notes.privileged")).to_contain_text("(setuid)")
+    expect(row.locator(".meta-notes.privileged")).to_contain_text("\u00b7 setuid")
     expect(page.locator(".file-diff .diff-summary")).to_contain_text("metadata only: mode")
     pages.allowed.append("status of 409")
     page.click("#commit")

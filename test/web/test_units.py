@@ -205,22 +205,24 @@ def test_json_answers_never_carry_lone_surrogates():
 
 
 def test_metadata_changes_in_words():
+    """The pages use the one vocabulary every face prints (ops.change_words), with arrows."""
     words = api.detail_words
     assert words({"type": "file", "mode": [0o644, 0o4644], "privileged": ["setuid"],
-                  "metadata_only": True}) == ["mode 0644 → 4644 (setuid)"]
-    assert words({"type": "file", "mode": [0o2755, 0o755]}) == ["mode 2755 → 0755 (no setgid)"]
-    assert words({"type": "file", "mode": [None, 0o644]}) == []           # an ordinary new file
-    assert words({"type": "file", "mode": [None, 0o6755], "privileged": ["setuid", "setgid"]}) == [
-        "mode 6755 (setuid, setgid)"]
+                  "metadata_only": True}, "modified") == ["mode 0644 → 4644", "setuid", "metadata only"]
+    assert words({"type": "file", "mode": [0o2755, 0o755]}, "modified") == ["mode 2755 → 0755"]
+    assert words({"type": "file", "mode": [None, 0o644]}, "added") == []      # an ordinary new file
+    assert words({"type": "file", "mode": [None, 0o6755], "privileged": ["setuid", "setgid"]},
+                 "added") == ["mode 6755", "setuid", "setgid"]
     assert words({"type": "file", "owner": [[0, 0], [1000, 1000]]}) == ["owner 0:0 → 1000:1000"]
     assert words({"xattrs": {"added": ["user.x", "system.posix_acl_access"], "removed": ["user.y"],
                              "changed": ["security.capability"]}, "privileged": ["acl"]}) == [
-        "xattr user.x added", "ACL added (for another principal)", "file capability changed",
-        "xattr user.y removed"]
-    assert words({"type": "symlink", "before_type": "file", "link": "/etc/passwd"}) == [
-        "file → symlink", "link → /etc/passwd"]
-    assert words({"type": "char-device", "rdev": [1, 3]}) == ["character device 1:3"]
+        "xattr user.x added", "ACL added", "xattr user.y removed", "capability changed",
+        "ACL for another principal"]
+    assert words({"type": "symlink", "before_type": "file", "link": "/etc/passwd"}, "modified") == [
+        "link → /etc/passwd", "was a file"]
+    assert words({"type": "char-device", "rdev": [1, 3]}) == ["char-device 1:3"]
     assert words({"type": "fifo"}) == ["fifo"] and words({}) == [] and words(None) == []
+
 
 
 def test_the_request_log_never_holds_the_token_or_credentials():
