@@ -67,3 +67,27 @@ def path_fields(path, key="path"):
         return {key: path}
     return {key: escape_path(path),
             f"{key}_b64": base64.b64encode(os.fsencode(path)).decode("ascii")}
+
+
+# keys whose strings are prose (messages, model text): escaped only, never given a *_b64
+PROSE = ("error", "words", "message", "summary", "text", "output", "note", "title")
+
+
+def jsonable(value):
+    """value with every str that is not valid UTF-8 made safe for strict JSON parsers: in a
+    dict, `key` becomes the escaped text and `key_b64` its exact bytes (path_fields), except
+    for prose keys, which are only escaped; in a list or on its own, the escaped text."""
+    if isinstance(value, str):
+        return value if is_exact(value) else escape_path(value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            k = jsonable(k) if isinstance(k, str) else k
+            if isinstance(v, str) and not is_exact(v) and k not in PROSE and f"{k}_b64" not in value:
+                out.update(path_fields(v, k))
+            else:
+                out[k] = jsonable(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value

@@ -8,7 +8,7 @@ from overlord.cli import agent_cmds
 from overlord.cli import ui_cmd
 from overlord.cli import render as R
 from overlord.errors import OverlordError, UsageError
-from overlord.text import is_exact, path_fields
+from overlord.text import jsonable
 
 TRACE_VALUES = ("strace", "ebpf")
 
@@ -328,25 +328,6 @@ def _print_session_line(result, as_json=False):
 
 
 # -- JSON: one vocabulary for every command (docs/JSON.md) --------------------------------------
-
-def jsonable(value):
-    """value with every str that is not valid UTF-8 made safe for strict JSON parsers: in a
-    dict, `key` becomes the escaped text and `key_b64` its exact bytes (overlord.text
-    .path_fields); in a list, the escaped text. Nothing else changes."""
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            k = k if not isinstance(k, str) or is_exact(k) else R.escape_path(k)
-            if isinstance(v, str) and not is_exact(v):
-                out.update(path_fields(v, k))
-            else:
-                out[k] = jsonable(v)
-        return out
-    if isinstance(value, (list, tuple)):
-        return [R.escape_path(v) if isinstance(v, str) and not is_exact(v) else jsonable(v)
-                for v in value]
-    return value
-
 
 def dump_json(data):
     """A report, indented (sessions, diff, log, savepoints, compare, syscalls)."""

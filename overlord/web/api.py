@@ -20,7 +20,6 @@ from overlord.web import settings as S
 OPEN_STATES = ("pending", "timed-out")
 PRIVILEGED_FLAG = "--allow-privileged-modes"
 PRIVILEGED_BODY = "allow_privileged_modes"
-PROSE = ("error", "words", "message", "summary", "text", "output", "note", "title")
 META_KEYS = ("sid", "state", "target", "backend", "command", "created", "finished", "committed",
              "rolled_back", "exit_code", "grants", "enforcement", "trace", "forked_from", "audit",
              "interrupted", "forced", "merged", "committed_layers", "limit", "rewinds", "pinned",
@@ -74,25 +73,7 @@ def encode(data):
     try:
         return json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(exact(data), ensure_ascii=False).encode("utf-8")
-
-
-def exact(value, key=None):
-    """value with every str that is not valid UTF-8 replaced as encode() describes."""
-    if isinstance(value, str):
-        return value if T.is_exact(value) else T.escape_path(value)
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            k = exact(k) if isinstance(k, str) else k
-            if isinstance(v, str) and not T.is_exact(v) and k not in PROSE and f"{k}_b64" not in value:
-                out.update(T.path_fields(v, k))
-            else:
-                out[k] = exact(v)
-        return out
-    if isinstance(value, (list, tuple)):
-        return [exact(v) for v in value]
-    return value
+        return json.dumps(T.jsonable(data), ensure_ascii=False).encode("utf-8")
 
 
 class Coalesce:
