@@ -48,8 +48,7 @@ def check_drift(session, view, records=None, layers=None):
     try:
         for path in C.touched_paths(view):
             entry = view[path]
-            if any(p in replaced for p in L.parents(path)):
-                continue              # what is below goes with its parent, checked there
+            # what no replay may take, wherever it is
             if entry.kind == "invalid":
                 drifts.append(Drift(path, "whiteout names the tree root" if path == ""
                                     else "invalid whiteout"))
@@ -57,6 +56,8 @@ def check_drift(session, view, records=None, layers=None):
             if entry.forged:
                 drifts.append(Drift(path, f"{FORGED} ({escape_text(', '.join(entry.forged))})"))
                 continue
+            if any(p in replaced for p in L.parents(path)):
+                continue              # what is below goes with its parent, checked there
             try:
                 cur = safe_lstat(fds, path)
             except ViaSymlink:

@@ -18,6 +18,7 @@ import os
 import shutil
 import stat
 
+from overlord.errors import OverlordError
 from overlord.linux import libc
 from overlord.txn import changes as C
 from overlord.txn import layers as L
@@ -242,6 +243,8 @@ def _make_backup_dir(fds, sid):
 
 def _apply(fds, bfd, n, step, entry, merged_bytes, move, sid, dialect):
     path = step["path"]
+    if entry.kind == "invalid":         # commit refuses these first: never replayed
+        raise OverlordError(f"invalid whiteout: {path}")
     if path == "":                      # the target root itself: only its mode can change
         os.chmod(fds.target, stat.S_IMODE(entry.st.st_mode) | 0o700)
         return move

@@ -155,3 +155,34 @@ def test_acl_naming_another_principal_is_privileged():
     assert not C.acl_grants_others(owner_only)
     assert C.acl_grants_others(named)
     assert C.acl_grants_others(b"garbage")
+
+
+def test_refusals_below_a_replaced_dir_are_not_skipped(tmp_path, monkeypatch):
+    """An invalid whiteout or a forged overlay xattr under a directory that replaces a real
+    non-directory is still refused (it is checked before the 'goes with its parent' skip)."""
+    from overlord.txn import commit as K
+
+    monkeypatch.setenv("OVERLORD_HOME", str(tmp_path / "home"))
+    target, layer = tmp_path / "t", tmp_path / "0"
+    target.mkdir()
+    os.mkfifo(target / "x")                       # the session made x a directory
+    (layer / "x").mkdir(parents=True)
+    os.setxattr(layer / "x", "user.fuseoverlayfs.opaque", b"y")
+    (layer / "x" / ".wh.y").write_text("")
+    (layer / "x" / "f").write_text("f")
+    os.setxattr(layer / "x" / "f", "user.overlay.whiteout", b"y")
+    view = L.stack([L.read_layer(str(layer), "fuse", 0)])
+
+    class S:
+        meta = {"open_stamp_ns": 0}
+        target = str(tmp_path / "t")
+        dialect = "fuse"
+
+        def base(self, records=None):
+            return {}
+
+        def restored(self):
+            return {}
+    reasons = {d.path: d.reason for d in K.check_drift(S(), view, [])}
+    assert reasons["x/.wh.y"] == "invalid whiteout"
+    assert reasons["x/f"].startswith(K.FORGED)
