@@ -43,7 +43,8 @@ def timed(fn):
 def bench_per_command(tmp, runs, backend):
     target = os.path.join(tmp, "percmd")
     os.mkdir(target)
-    sid = ops.run(["true"], target=target, backend=backend).sid
+    sid = ops.run(["true"], target=target, backend=backend,
+                  close_if_unchanged=False).sid   # an open session to exec in
     ours = [timed(lambda i=i: ops.exec_in(sid, ["touch", f"f{i}"])) for i in range(runs)]
     ops.rollback(sid)
     base = os.path.join(tmp, "unshare")
@@ -70,7 +71,8 @@ def bench_jailed(tmp, runs, backend):
                          ("offline", {"jail": True, "net": "none"})):
         target = os.path.join(tmp, f"jail-{name}")
         os.mkdir(target)
-        sid = ops.run(["true"], target=target, backend=backend, grants=grants).sid
+        sid = ops.run(["true"], target=target, backend=backend, grants=grants,
+                      close_if_unchanged=False).sid
         results[name] = median_ms([timed(lambda i=i: ops.exec_in(sid, ["touch", f"f{i}"]))
                                    for i in range(runs)])
         ops.rollback(sid)
