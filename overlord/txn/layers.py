@@ -41,22 +41,19 @@ INTERNAL_XATTRS = {"kernel": ("user.overlay.", "trusted.overlay."),
 FORGED_XATTRS = {"kernel": ("user.overlay.overlay.",), "fuse": ("user.overlay.",)}
 
 
-def forged_xattrs(path, dialect):
-    try:
-        names = os.listxattr(path, follow_symlinks=False)
-    except OSError:
-        return []
-    return sorted(n for n in names if n.startswith(FORGED_XATTRS.get(dialect, ())))
-
-
 def xattrs(path, dialect=None, follow=False):
     """{name: value} of a path's content xattrs (not followed through a symlink unless
     `follow`: for /proc/self/fd/N of a directory), less the overlay's own in that dialect."""
+    return _read_xattrs(path, dialect, follow)[0]
+
+
+def _read_xattrs(path, dialect, follow=False):
+    """(content xattrs, sorted forged names) with one listxattr."""
     internal = INTERNAL_XATTRS.get(dialect, ())
     try:
         names = os.listxattr(path, follow_symlinks=follow)
     except OSError:
-        return {}
+        return {}, []
     out = {}
     for name in names:
         if not name.startswith(CONTENT_XATTRS) or name.startswith(internal):
@@ -65,7 +62,7 @@ def xattrs(path, dialect=None, follow=False):
             out[name] = os.getxattr(path, name, follow_symlinks=follow)
         except OSError:
             continue
-    return out
+    return out, sorted(n for n in names if n.startswith(FORGED_XATTRS.get(dialect, ())))
 
 
 def sync_xattrs(path, wanted, dialect=None, follow=False):
@@ -183,13 +180,14 @@ def read_layer(layer_dir, dialect, index=None, modes=None):
                 if path in modes:
                     st = with_mode(st, modes[path])
                 entries[path] = Entry(path, "dir", src, st, _xattr_opaque(src, opaque_names), index,
-                                      xattrs(src, dialect), forged_xattrs(src, dialect))
+                                      *_read_xattrs(src, dialect))
                 todo.append((path, src))
             else:
                 kind = ("file" if stat.S_ISREG(st.st_mode) else
                         "symlink" if stat.S_ISLNK(st.st_mode) else "other")
-                entries[path] = Entry(path, kind, src, st, layer=index, xattrs=xattrs(src, dialect),
-                                      forged=forged_xattrs(src, dialect))
+                content, forged = _read_xattrs(src, dialect)
+                entries[path] = Entry(path, kind, src, st, layer=index, xattrs=content,
+                                      forged=forged)
     return entries
 
 
