@@ -1,0 +1,158 @@
+"""Red-team review after issue 10: holes still open in "what commit lands is exactly what the
+session saw (and what the person reviewed), or commit refuses with one `overlord: ...` line".
+
+Every test here reproduces a hole found on this machine. Tests marked RED failed when written
+(the hole was open); they must pass once the hole is closed. Production code was not changed.
+"""
+import json
+import os
+import shutil
+import stat
+import sys
+
+import pytest
+
+from conftest import Ovl, require_backend, tree
+
+ROOT = os.geteuid() == 0
+
+
+def one_line(proc, code=1):
+    lines = proc.err.splitlines()
+    assert proc.returncode == code and len(lines) == 1 and lines[0].startswith("overlord: "), (
+        f"expected one `overlord: ...` line and exit {code}; got exit {proc.returncode}\n"
+        f"stderr: {proc.err}\nstdout: {proc.out}")
+    return lines[0]
+
+
+def session_dir(home, sid):
+    return os.path.join(str(home), "sessions", sid)
+
+
+def edit_meta(home, sid, fn):
+    p = os.path.join(session_dir(home, sid), "meta.json")
+    with open(p) as f:
+        meta = json.load(f)
+    fn(meta)
+    with open(p, "w") as f:
+        json.dump(meta, f)
+
+
+# -- RED: a setuid file's content replaced (and its owner made root) is not "privileged" -------
+
+def test_replacing_a_setuid_file_with_a_shell_is_refused(ovl, target):
+    """RED. The real tree holds `helper`, setuid (as root: owned by 1000, i.e. setuid-user).
+    A command (jailed on kernel) replaces it by rename with a copy of /bin/sh, mode 4755.
+    The diff shows `modified  helper` (as root: `(owner 1000:1000 -> 0:0)`) and commit lands a
+    setuid shell -- setuid-ROOT when run as root -- with no --allow-privileged-modes: the
+    privileged check only looks for a setuid bit the session *adds*, and the bit was already
+    there. New content (or a new owner) under a setuid/setgid bit grants as much as adding it."""
+    helper = target / "helper"
+    shutil.copy("/bin/true", helper)
+    if ROOT:
+        os.chown(helper, 1000, 1000)
+    os.chmod(helper, 0o4755)
+    flags = ("--jail",) if ovl.backend == "kernel" else ()
+    sid, proc = ovl.run(target, "sh", "-c", "cp /bin/sh t && chmod 4755 t && mv t helper",
+                        flags=flags)
+    assert sid, (proc.out, proc.err)
+    before = tree(target)
+    proc = ovl("commit", sid)
+    landed = proc.returncode == 0
+    try:
+        line = one_line(proc)
+        assert "--allow-privileged-modes" in line and "setuid" in line, line
+        assert tree(target) == before
+    finally:
+        if landed:                       # do not leave a setuid shell behind
+            os.chmod(helper, 0o755)
+
+
+# -- RED: meta.json is not covered by the seal ------------------------------------------------
+
+def test_meta_target_rewritten_between_review_and_commit_is_refused(ovl, home, target, tmp_path):
+    """RED. A same-user process outside edits `target` in the session's meta.json after the
+    person reviewed the diff: commit replays the session into a different directory (here a
+    fresh one; it could be any tree the user can write). The seal covers layer contents, not
+    the record that says where they land."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    sid, proc = ovl.sh(target, "echo x > new.txt")
+    assert sid, (proc.out, proc.err)
+    assert ovl("diff", sid, check=0).out.split() == ["added", "new.txt"]
+    edit_meta(home, sid, lambda m: m.update(target=str(victim)))
+    proc = ovl("commit", sid)
+    assert not (victim / "new.txt").exists(), "commit landed in a directory nobody reviewed"
+    if proc.returncode == 0:
+        assert (target / "new.txt").read_text() == "x\n"
+    else:
+        one_line(proc)
+
+
+def test_meta_open_stamp_rewritten_hides_drift(ovl, home, target):
+    """RED. Drift detection rests on meta.json's open_stamp_ns (ctime >= stamp means "changed
+    outside after the session opened"). A same-user process moves the stamp into the future
+    after changing the real file: commit no longer sees the outside edit and clobbers it."""
+    sid, proc = ovl.sh(target, "echo session > hello.txt")
+    assert sid, (proc.out, proc.err)
+    (target / "hello.txt").write_text("outside edit\n")
+    # with the untouched record commit refuses (modified-externally); now rewrite the record
+    edit_meta(home, sid, lambda m: m.update(open_stamp_ns=m["open_stamp_ns"] + 10**18))
+    # the base fingerprint in provenance would still catch it: rewrite that too (same user)
+    prov = os.path.join(session_dir(home, sid), "provenance.jsonl")
+    st = os.lstat(target / "hello.txt")
+    lines = []
+    with open(prov) as f:
+        for raw in f:
+            rec = json.loads(raw)
+            if rec.get("path") == "hello.txt" and rec.get("base"):
+                rec["base"].update(ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns,
+                                   ctime_ns=st.st_ctime_ns, mode=st.st_mode)
+            lines.append(json.dumps(rec))
+    with open(prov, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    proc = ovl("commit", sid)
+    assert (target / "hello.txt").read_text() == "outside edit\n", (
+        "commit clobbered an outside edit after its drift evidence was rewritten")
+    one_line(proc)
+
+
+def test_layer_tampered_and_resealed_is_refused(ovl, home, target):
+    """RED (design: the seal is an unkeyed hash kept next to what it protects). A same-user
+    process adds backdoor.py to a sealed layer, re-runs the seal over it and writes the new
+    digest into meta.json: diff, log and commit all accept it as the command's own change."""
+    sid, proc = ovl.sh(target, "echo x > new.txt")
+    assert sid, (proc.out, proc.err)
+    layer = os.path.join(session_dir(home, sid), "layers", "0000")
+    with open(os.path.join(layer, "backdoor.py"), "w") as f:
+        f.write("import os\n")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    from overlord.txn import seal
+    digest = seal.record(layer)
+
+    def reseal(m):
+        m["layers"][0]["seal"] = digest
+    edit_meta(home, sid, reseal)
+    proc = ovl("commit", sid)
+    assert not (target / "backdoor.py").exists(), "a file no command wrote was committed"
+    one_line(proc)
+
+
+# -- RED: the command's own user.overlay.* xattrs are silently dropped (kernel) ----------------
+
+def test_kernel_overlay_named_xattr_only_session_is_not_silently_unchanged(home, target):
+    """RED. On the kernel backend a command sets `user.overlay.foo` on a file (and sees it
+    there); nothing else changes. The session is recorded `unchanged` and closed: the change
+    the command made is neither landed nor refused (issue 10: "never silently dropped")."""
+    require_backend("kernel")
+    ovl = Ovl(home, "kernel")
+    sid, proc = ovl.sh(target, "setfattr -n user.overlay.foo -v bar hello.txt && "
+                               "getfattr -n user.overlay.foo hello.txt")
+    assert sid, (proc.out, proc.err)
+    assert "bar" in proc.out, proc.out            # the command saw its xattr
+    proc = ovl("commit", sid)
+    if proc.returncode == 0:
+        assert os.getxattr(target / "hello.txt", "user.overlay.foo") == b"bar"
+    else:
+        line = one_line(proc)
+        assert "overlay" in line, f"refused, but not for the overlay xattr: {line}"
