@@ -156,3 +156,23 @@ def test_kernel_overlay_named_xattr_only_session_is_not_silently_unchanged(home,
     else:
         line = one_line(proc)
         assert "overlay" in line, f"refused, but not for the overlay xattr: {line}"
+
+
+# -- RED: the target directory itself is not fingerprinted ------------------------------------
+
+def test_target_dir_replaced_after_review_is_refused(ovl, target):
+    """RED. After the session is reviewed, the target directory is swapped for another one at
+    the same path (`mv target target.old; mkdir target`: a re-clone, or an unjailed command
+    doing `mv PARENT PARENT.moved; mkdir -p PARENT/target` on the host). Commit replays the
+    session's additions into the new directory -- a tree the session never saw -- with no
+    drift: the target root's own identity (inode) is never checked, only its type and mode."""
+    sid, proc = ovl.sh(target, "echo mine > new.txt")
+    assert sid, (proc.out, proc.err)
+    old = target.parent / "target.old"
+    os.rename(target, old)
+    target.mkdir()
+    (target / "planted.txt").write_text("not what the session saw\n")
+    os.chmod(target, stat.S_IMODE(os.lstat(old).st_mode))
+    proc = ovl("commit", sid)
+    assert not (target / "new.txt").exists(), "commit landed into a directory the session never saw"
+    one_line(proc)
