@@ -176,3 +176,39 @@ def test_target_dir_replaced_after_review_is_refused(ovl, target):
     proc = ovl("commit", sid)
     assert not (target / "new.txt").exists(), "commit landed into a directory the session never saw"
     one_line(proc)
+
+
+# -- RED: outside metadata changes on a directory that merely contains changes are reverted -----
+
+OUTSIDE_DIR_CHANGES = [
+    ("chmod-700", lambda d: os.chmod(d, 0o700)),
+    ("xattr-added", lambda d: os.setxattr(d, "user.outside", b"1")),
+]
+if ROOT:
+    OUTSIDE_DIR_CHANGES.append(("chown", lambda d: os.chown(d, 1000, 1000)))
+
+
+@pytest.mark.parametrize("name,change", OUTSIDE_DIR_CHANGES, ids=[c[0] for c in OUTSIDE_DIR_CHANGES])
+def test_outside_metadata_change_on_a_containing_dir_is_not_reverted(ovl, target, name, change):
+    """RED. A session only adds sub/new.txt. While it is pending, someone outside locks the
+    directory down (`chmod 700 sub`), or adds an xattr to it, or (root) hands it to another
+    owner. Commit raises no drift and puts back the mode/xattrs/owner the directory had when
+    the session copied it up: `chmod 700` silently becomes 0755 again (access re-opened), the
+    outside xattr is removed, the owner reverted; `diff` even shows these as the session's own
+    changes (`modified  sub  (mode 0700 -> 0755)`). ARCHITECTURE says such a directory is
+    checked for type and mode; nothing is checked, and what replay applies is stale."""
+    sid, proc = ovl.sh(target, "echo new > sub/new.txt")
+    assert sid, (proc.out, proc.err)
+    d = target / "sub"
+    change(d)
+    st = os.lstat(d)
+    want = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, sorted(os.listxattr(d)))
+    proc = ovl("commit", sid)
+    st = os.lstat(d)
+    got = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, sorted(os.listxattr(d)))
+    if proc.returncode == 0:
+        assert got == want, f"commit reverted an outside change to sub/: {want} -> {got}"
+    else:
+        line = one_line(proc)
+        assert "sub" in line, line
+        assert got == want
