@@ -212,3 +212,60 @@ def test_outside_metadata_change_on_a_containing_dir_is_not_reverted(ovl, target
         line = one_line(proc)
         assert "sub" in line, line
         assert got == want
+
+
+# -- RED: a file descriptor the command hands out keeps writing into the committed file --------
+
+SEND_FD = r"""
+import array, os, socket, sys
+fd = os.open("payload.txt", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"reviewed\n")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1].encode().replace(b"@", b"\0", 1))
+s.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+s.recv(1)
+"""
+
+
+def test_fd_passed_out_of_the_session_cannot_write_the_committed_file(ovl, target):
+    """RED on the kernel backend (jailed too). The command opens payload.txt and passes the fd
+    over an abstract unix socket (the jail shares the host's network namespace unless --net
+    none) to a process outside -- here the test; as root it could as well be `nobody`. The
+    person reviews `added payload.txt` ("reviewed"), commits; commit renames the layer's inode
+    into the real tree, so the outside process's fd now writes the committed file: the tree
+    stops being what was reviewed, and a less privileged process gained write access to a
+    root-owned file in root's tree. (fuse: the fd goes stale at unmount -- holds.)"""
+    import array
+    import socket
+    import threading
+    name = f"@overlord-rt-{os.getpid()}-{ovl.backend}"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(name.encode().replace(b"@", b"\0", 1))
+    srv.listen(1)
+    got = {}
+
+    def accept():
+        c, _ = srv.accept()
+        _, anc, _, _ = c.recvmsg(1, socket.CMSG_LEN(4))
+        got["fd"] = array.array("i", anc[0][2][:4])[0]
+        c.send(b"k")
+        c.close()
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    flags = ("--jail",) if ovl.backend == "kernel" else ()
+    sid, proc = ovl.run(target, sys.executable, "-c", SEND_FD, name, flags=flags)
+    th.join(30)
+    srv.close()
+    assert sid and "fd" in got, (proc.out, proc.err, got)
+    try:
+        assert ovl("diff", sid, check=0).out.split() == ["added", "payload.txt"]
+        ovl("commit", sid, check=0)
+        try:
+            os.lseek(got["fd"], 0, os.SEEK_END)
+            os.write(got["fd"], b"written after commit\n")
+        except OSError:
+            pass                          # the handle died with the session: what we want
+    finally:
+        os.close(got["fd"])
+    assert (target / "payload.txt").read_bytes() == b"reviewed\n", (
+        "a handle from inside the session wrote the committed file after commit")
