@@ -269,3 +269,27 @@ def test_fd_passed_out_of_the_session_cannot_write_the_committed_file(ovl, targe
         os.close(got["fd"])
     assert (target / "payload.txt").read_bytes() == b"reviewed\n", (
         "a handle from inside the session wrote the committed file after commit")
+
+
+# -- RED: a selective commit lands a tree no command saw and nobody could review ---------------
+
+def test_selection_that_drops_the_savepoint_a_kept_one_builds_on(ovl, target):
+    """RED. @0 turns sub/ into a file, @1 makes sub/ a directory again with g, @2 adds sub/h
+    (the command saw sub = {g, h}). `commit --only layer:0,layer:2` lands sub = {h}: a tree
+    no command ever saw, and `diff` has no --only/--drop to show it before it lands (the
+    console neither). Expected: refuse a selection whose kept savepoint was written on top of
+    a dropped one (here @2's sub/ is a copy-up of @1's), naming both -- or at least show it."""
+    sid, proc = ovl.sh(target, "rm -r sub; echo file > sub")
+    assert sid, (proc.out, proc.err)
+    ovl("exec", sid, "--", "sh", "-c", "rm sub; mkdir sub; echo g > sub/g", check=0)
+    proc = ovl("exec", sid, "--", "sh", "-c", "echo h > sub/h; ls sub", check=0)
+    assert proc.out.split()[:2] == ["g", "h"], proc.out
+    seen = [["a.txt"], ["g", "h"], ["file"]]      # sub as the real tree, @1..@2, @0 had it
+    before = tree(target)
+    proc = ovl("commit", "--only", "layer:0,layer:2", sid)
+    if proc.returncode == 0:
+        now = sorted(os.listdir(target / "sub")) if (target / "sub").is_dir() else ["file"]
+        assert now in seen, f"commit landed sub = {now}: no command saw that"
+    else:
+        one_line(proc)
+        assert tree(target) == before
