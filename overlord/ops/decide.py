@@ -31,7 +31,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
     state = session.meta["state"]
     if state not in store.OPEN_STATES:
         raise OverlordError(f"cannot commit session {sid}: it is {state}")
-    require_target(session.target)
+    require_target(session.target, session.meta.get("target_id"))
     if merge and not session.meta.get("merge_base"):
         raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
     if merge and not shutil.which("git"):
@@ -42,11 +42,12 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
     with locks.TargetLock(session.target):
         layers = session.read_layers(chosen)
         view = L.stack(layers)
-        plan = C.plan(view, session.target, session.dialect)
+        records = session.provenance()
+        recorded = session.recorded(chosen, records)
+        plan = C.plan(view, session.target, session.dialect, recorded)
         privileged = K.privileged(plan)
         if privileged and not allow_privileged:
             K.refuse_privileged(privileged)
-        records = session.provenance()
         drifts = K.check_drift(session, view, records, layers)
         merged = {}
         if drifts and merge:
@@ -71,7 +72,12 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
             _keep_record(session, chosen, keeper, bfd, steps, after, records)
         try:
             after = retain.written(keeper, view, merged, records)
-            replay.replay(sid, session.target, view, merged, consume=True, on_done=done,
+            # Moving a layer's file into the tree (no copy) is safe only where no handle on it
+            # can outlive the command: on the kernel backend a command may pass an open fd out
+            # (a unix socket) and write the committed file through it later. fuse-overlayfs
+            # stands between the command and the layer: its handles die with the mount.
+            replay.replay(sid, session.target, view, merged, consume=session.dialect == "fuse",
+                          on_done=done, recorded=recorded,
                           dialect=session.dialect)
         except BaseException:
             keeper.abandon()

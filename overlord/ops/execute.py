@@ -14,7 +14,8 @@ from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
 from overlord.txn import locks, store
 from overlord.txn.session import Session, open_stamp_ns, remove_tree
-from overlord.ops.grants import _check_backend_grants, _inside, require_target, resolve_target
+from overlord.ops.grants import (_check_backend_grants, _inside, require_target, resolve_target,
+                                 target_id)
 from overlord.ops.review import _recover_stale, get_session
 
 
@@ -292,7 +293,7 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=
     sid = session.sid
     if session.meta["state"] not in store.OPEN_STATES:
         raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
-    require_target(session.target)
+    require_target(session.target, session.meta.get("target_id"))
     if session.meta.get("limit"):
         raise OverlordError(f"session {sid} crossed its {session.meta['limit']} grant and can run "
                             "nothing more; review it, then commit or roll it back")
@@ -395,6 +396,7 @@ def _create_session(target, mod, grants, argv, trace):
     sid = _new_session_dir()
     meta = {"sid": sid, "target": target, "backend": mod.NAME, "state": "running",
             "created": time.time(), "open_stamp_ns": open_stamp_ns(), "grants": grants,
+            "target_id": target_id(target),
             "merge_base": bool(grants.get("merge_base")), "trace": trace,
             "command": shlex.join(argv), "layers": [], "uid": os.getuid(),
             "enforcement": enforcement(grants)}

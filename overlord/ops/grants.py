@@ -5,6 +5,7 @@ import stat
 
 from overlord.errors import OverlordError, UsageError
 from overlord.sandbox import jail, limits
+from overlord.text import escape_path
 from overlord.txn import store
 
 GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
@@ -79,16 +80,27 @@ def resolve_target(target):
     return real
 
 
-def require_target(target):
+def target_id(target):
+    """What identifies the target directory itself: [device, inode]."""
+    st = os.lstat(target)
+    return [st.st_dev, st.st_ino]
+
+
+def require_target(target, ident=None):
     """A session's target must still be the directory it was opened on before anything reads
-    or writes the real tree through it (diff, log, exec, commit); once it is gone the session
-    can only be rolled back."""
+    or writes the real tree through it (diff, log, exec, commit); once it is gone -- or
+    another directory stands at its path (a re-clone, a rename) -- the session can only be
+    rolled back. ident: target_id() when the session opened."""
+    shown = escape_path(target)
     try:
         st = os.lstat(target)
     except FileNotFoundError:
-        raise OverlordError(f"the target {target} no longer exists") from None
+        raise OverlordError(f"the target {shown} no longer exists") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise OverlordError(f"the target {target} is no longer a directory")
+        raise OverlordError(f"the target {shown} is no longer a directory")
+    if ident and [st.st_dev, st.st_ino] != list(ident):
+        raise OverlordError(f"the target {shown} is another directory than the one the session "
+                            "opened on (replaced since); roll the session back")
 
 
 def crossed_grant(meta):

@@ -51,7 +51,7 @@ def diff(sid):
     """[Change] of a session against the real tree (the plan commit would execute)."""
     session = get_session(sid)
     _require_layers(session)
-    require_target(session.target)
+    require_target(session.target, session.meta.get("target_id"))
     return session.plan()
 
 
@@ -114,7 +114,7 @@ def log(sid):
         return _committed_log(session)
     if state == "rolled-back":
         return [_record(r) for r in _net(store.read_jsonl(session.path("provenance.jsonl")))]
-    require_target(session.target)
+    require_target(session.target, session.meta.get("target_id"))
     out = []
     layers_meta = session.meta["layers"]
     for ch in session.plan():

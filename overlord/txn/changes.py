@@ -170,6 +170,8 @@ def layer_change(entry, before_abs, before_st, before_xattrs=None):
         return "deleted" if before_st is not None else None
     if before_st is None:
         return "added"
+    if entry.forged:        # an overlay xattr the command set: a change (commit refuses it)
+        return "modified"
     before_kind = kind_of(before_st)
     if entry.kind == "dir":
         if before_kind == "dir":
@@ -183,13 +185,18 @@ def layer_change(entry, before_abs, before_st, before_xattrs=None):
     return None if same_content(entry, before_abs, before_st) else "modified"
 
 
-def plan(view, target, dialect=None):
-    """[Change] for a stacked view over the real tree, parents before children."""
+def plan(view, target, dialect=None, recorded=None):
+    """[Change] for a stacked view over the real tree, parents before children.
+    recorded: the paths the session's provenance names; a real directory the session only
+    wrote inside (a copy-up, named by no record) is no change, whatever its attributes now."""
     changes, fresh_roots = [], set()
     for path in sorted(view, key=lambda p: p.split("/")):
         entry = view[path]
         fresh = any(p in fresh_roots for p in L.parents(path))
         kind, real_st, real_x = classify(entry, target, fresh, dialect)
+        if (kind == "modified" and recorded is not None and path not in recorded and
+                entry.kind == "dir" and not entry.opaque and kind_of(real_st) == "dir"):
+            kind = None
         if entry.kind == "dir" and (fresh or kind in ("added", "replaced-dir") or
                                     (kind == "modified" and entry.opaque)):
             fresh_roots.add(path)
@@ -256,9 +263,12 @@ def details(entry, real_st, real_xattrs, content_same=None):
             "changed": sorted(n for n in after_x if n in before_x and after_x[n] != before_x[n])}
     privileged = []
     was = before_mode or 0
-    if after_mode & stat.S_ISUID and not was & stat.S_ISUID:
+    # a set-id bit the session adds, or keeps over new bytes or a new owner (a setuid program
+    # swapped for a shell is as new a privilege as a fresh setuid bit)
+    swapped = entry.kind != "dir" and (not content_same or "owner" in out)
+    if after_mode & stat.S_ISUID and (not was & stat.S_ISUID or swapped):
         privileged.append("setuid")
-    if after_mode & stat.S_ISGID and not was & stat.S_ISGID:
+    if after_mode & stat.S_ISGID and (not was & stat.S_ISGID or swapped):
         privileged.append("setgid")
     if CAPABILITY_XATTR in after_x and after_x[CAPABILITY_XATTR] != before_x.get(CAPABILITY_XATTR):
         privileged.append("file capability")

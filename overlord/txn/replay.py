@@ -168,11 +168,14 @@ def _b64_xattrs(fds, path):
     return {k: base64.b64encode(v).decode() for k, v in L.xattrs(where, follow=True).items()}
 
 
-def replay(sid, target, view, merged=None, consume=False, on_done=None, dialect="kernel"):
+def replay(sid, target, view, merged=None, consume=False, on_done=None, dialect="kernel",
+           recorded=None):
     """Make the real tree equal the view on every path the view names, atomically.
 
     merged: {path: bytes} for files whose content is a three-way merge result.
     dialect: the layers' overlay dialect (whose own xattrs never reach the tree).
+    recorded: the paths the session's provenance names; a directory kept in place that is not
+    among them only contains changes, and keeps the real tree's owner, xattrs and mode.
     consume: the layers are discarded afterwards, so files may be moved out of them.
     on_done: called once the commit is final and journaled as done, with the backup
     directory's fd and the steps — to record the commit before the journal goes and to keep
@@ -194,7 +197,14 @@ def replay(sid, target, view, merged=None, consume=False, on_done=None, dialect=
                           dialect)
         for step in reversed(journal.data["steps"]):     # deepest first: children moved them
             if step["kind"] == "dir":
-                _finish_dir(fds, step["path"], view[step["path"]], dialect)
+                if _kept_as_is(step, view[step["path"]], recorded):
+                    # its own mode back (children needed ours); its times are the session's
+                    where, st = f"/proc/self/fd/{fds.get(step['path'])}", view[step["path"]].st
+                    os.chmod(where, stat.S_IMODE(step["mode"]))
+                    if step["path"]:
+                        os.utime(where, ns=(st.st_atime_ns, st.st_mtime_ns))
+                else:
+                    _finish_dir(fds, step["path"], view[step["path"]], dialect)
         libc.syncfs(target)
         steps = journal.data["steps"]
         journal.finish()
@@ -287,6 +297,12 @@ def _set_aside(fds, pfd, bfd, n, path, name, cur):
     else:
         os.link(name, str(n), src_dir_fd=pfd, dst_dir_fd=bfd, follow_symlinks=False)
         os.unlink(name, dir_fd=pfd)
+
+
+def _kept_as_is(step, entry, recorded):
+    """A real directory the session only wrote inside: its own attributes are the tree's."""
+    return (recorded is not None and step["path"] not in recorded and step["dir"]
+            and not entry.opaque)
 
 
 def _finish_dir(fds, path, entry, dialect):

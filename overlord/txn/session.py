@@ -85,7 +85,12 @@ class Session:
         return L.stack(self.read_layers(indexes))
 
     def plan(self, indexes=None):
-        return C.plan(self.view(indexes), self.target, self.dialect)
+        return C.plan(self.view(indexes), self.target, self.dialect, self.recorded(indexes))
+
+    def recorded(self, indexes=None, records=None):
+        """Every path the provenance of the (chosen) layers names."""
+        return {r["path"] for r in (self.provenance() if records is None else records)
+                if indexes is None or r.get("layer", 0) in indexes}
 
     # -- sealing ---------------------------------------------------------------------------
 

