@@ -72,11 +72,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
             _keep_record(session, chosen, keeper, bfd, steps, after, records)
         try:
             after = retain.written(keeper, view, merged, records)
-            # Moving a layer's file into the tree (no copy) is safe only where no handle on it
-            # can outlive the command: on the kernel backend a command may pass an open fd out
-            # (a unix socket) and write the committed file through it later. fuse-overlayfs
-            # stands between the command and the layer: its handles die with the mount.
-            replay.replay(sid, session.target, view, merged, consume=session.dialect == "fuse",
+            replay.replay(sid, session.target, view, merged, consume=_may_move(session),
                           on_done=done, recorded=recorded,
                           dialect=session.dialect)
         except BaseException:
@@ -84,6 +80,16 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
             raise
     _drop_working_files(session)
     return CommitResult(sid, plan, sorted(merged))
+
+
+def _may_move(session):
+    """May commit move the layer's files into the tree (no copy)? Not where a command that was
+    contained could have handed an open fd on one to a process outside: a jail with the
+    host's network (an abstract unix socket) on the kernel backend. fuse-overlayfs stands
+    between a command and the layer (its handles die with the mount); a jail with --net none
+    has no channel out; an unjailed command was never contained."""
+    grants = session.meta.get("grants") or {}
+    return session.dialect == "fuse" or not grants.get("jail") or grants.get("net") == "none"
 
 
 def _keep_record(session, chosen, keeper, bfd, steps, after, records):
