@@ -107,6 +107,16 @@ def require_backend(name):
         pytest.skip(f"{name} backend unavailable here: {why}")
 
 
+def require_tool(name):
+    """Skip when this host lacks a runtime tool (git, strace); under OVERLORD_REQUIRE_BACKENDS
+    (CI, which installs them) that is a failure instead."""
+    import shutil
+    if not shutil.which(name):
+        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
+            pytest.fail(f"{name} is not installed on a host that must have it")
+        pytest.skip(f"{name} is not installed")
+
+
 def tree(root):
     """{relative path: bytes} of a directory, to prove a tree was not touched."""
     out = {}

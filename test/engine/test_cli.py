@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from conftest import SESSION_RE, Ovl, state_of
+from conftest import SESSION_RE, Ovl, require_tool, state_of
 
 SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 HEX12 = r"[0-9a-f]{12}"
@@ -719,8 +719,7 @@ def _applied(target, patch, tmp_path):
 
 def test_diff_patch_is_a_unified_diff_git_can_apply(ovl, target, tmp_path, home):
     from conftest import tree
-    if not shutil.which("git"):
-        pytest.skip("git is not installed")
+    require_tool("git")
     (target / "long.txt").write_text("".join(f"line {i}\n" for i in range(1, 41)))
     (target / "bye.txt").write_text("going\n")
     (target / "blob.bin").write_bytes(b"\0\1\2")
@@ -774,8 +773,7 @@ def test_log_after_a_partial_commit_shows_what_was_committed_and_what_was_droppe
 
 
 def test_syscalls_shows_what_trace_recorded(ovl, target):
-    if not shutil.which("strace"):
-        pytest.skip("strace is not installed")
+    require_tool("strace")
     marker = uuid.uuid4().hex[:8]
     sid, _ = ovl.run(target, "sh", "-c", f"echo x > traced-{marker}.txt", flags=["--trace"])
     proc = ovl("syscalls", sid, check=0)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import SESSION_RE
+from conftest import SESSION_RE, require_tool
 
 SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
 # maps keyed by data, not field names: kinds, backend and tool names, selectors, xattr names...
@@ -188,9 +188,7 @@ def test_one_name_per_concept(ovl, target, home):
 
 
 def test_syscalls_json(ovl, target):
-    import shutil
-    if not shutil.which("strace"):
-        pytest.skip("strace is not installed")
+    require_tool("strace")
     sid, _ = ovl.run(target, "sh", "-c", "echo t > t.txt", flags=["--trace"])
     data = strict(ovl("syscalls", "--json", sid, check=0).stdout)
     assert data["syscalls"] == len(data["syscall_records"]) > 0
