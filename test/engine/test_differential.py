@@ -755,6 +755,16 @@ def test_benign_sequences_commit_without_refusal(home, backend, tmp_path, script
 
 # -- minimal reproductions of what the random driver found ------------------------------------
 
+def commit_two_savepoints(ovl, target, first, second):
+    """`run` the first script, `exec` the second, then commit: each step must succeed."""
+    sid, proc = ovl.sh(target, first)
+    assert sid, (proc.out, proc.err)
+    proc = ovl("exec", sid, "--", "sh", "-c", second)
+    assert proc.returncode == 0, (proc.out, proc.err)
+    proc = ovl("commit", sid)
+    assert proc.returncode == 0, (proc.out, proc.err)
+
+
 @pytest.mark.parametrize("was", ["file", "fifo", "symlink"])
 def test_dir_replacing_a_non_dir_then_written_again_is_not_drift(ovl, target, was):
     """A path that was a file/FIFO/symlink becomes a directory in one savepoint, and a later
@@ -767,12 +777,8 @@ def test_dir_replacing_a_non_dir_then_written_again_is_not_drift(ovl, target, wa
         os.mkfifo(x)
     else:
         os.symlink("sub", x)
-    sid, proc = ovl.sh(target, "rm x && mkdir x && echo i > x/i")
-    assert sid, (proc.out, proc.err)
-    proc = ovl("exec", sid, "--", "sh", "-c", "echo j > x/j && rm x/i && echo k > x/k")
-    assert proc.returncode == 0, (proc.out, proc.err)
-    proc = ovl("commit", sid)
-    assert proc.returncode == 0, (proc.out, proc.err)
+    commit_two_savepoints(ovl, target, "rm x && mkdir x && echo i > x/i",
+                          "echo j > x/j && rm x/i && echo k > x/k")
     assert os.path.isdir(x) and not os.path.islink(x)
     assert sorted(os.listdir(x)) == ["j", "k"]
     assert (target / "sub" / "a.txt").read_text() == "a\n"
@@ -782,12 +788,8 @@ def test_removal_under_a_dir_that_replaced_a_symlink_is_not_refused(ovl, target)
     """A no-op whiteout under a directory that replaced a symlink names a real path only
     through that symlink: it is not a change, so commit must not refuse `via a symlink`."""
     os.symlink("sub", target / "link")
-    sid, proc = ovl.sh(target, "rm link && mkdir link && echo f > link/f && echo g > link/g")
-    assert sid, (proc.out, proc.err)
-    proc = ovl("exec", sid, "--", "sh", "-c", "mv link/f moved")
-    assert proc.returncode == 0, (proc.out, proc.err)
-    proc = ovl("commit", sid)
-    assert proc.returncode == 0, (proc.out, proc.err)
+    commit_two_savepoints(ovl, target, "rm link && mkdir link && echo f > link/f && echo g > link/g",
+                          "mv link/f moved")
     assert os.listdir(target / "link") == ["g"] and not os.path.islink(target / "link")
     assert (target / "moved").read_text() == "f\n"
     assert sorted(os.listdir(target / "sub")) == ["a.txt"]
