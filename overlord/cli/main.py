@@ -4,13 +4,14 @@ import os
 import sys
 
 from overlord import __version__, ops
-from overlord.cli import agent_cmds
+from overlord.cli import agent_cmds, audit_cmds, check_cmd, policy_cmds, review_cmd
 from overlord.cli import ui_cmd
 from overlord.cli import render as R
 from overlord.errors import OverlordError, UsageError
 from overlord.text import jsonable
 
 TRACE_VALUES = ("strace", "ebpf")
+TRUST_CLI = (audit_cmds, policy_cmds, check_cmd, review_cmd)   # each: add_parsers(sub), COMMANDS
 
 
 class Parser(argparse.ArgumentParser):
@@ -219,6 +220,8 @@ def build_parser():
                         "OVERLORD_HOME. Exits 1 when no backend can run.")
     dr.add_argument("--json", action="store_true", help="machine-readable output")
     agent_cmds.add_parsers(sub)
+    for module in TRUST_CLI:
+        module.add_parsers(sub)
     ui_cmd.add_parser(sub)
     return p
 
@@ -270,7 +273,10 @@ def dispatch(argv):
         return cmd_exec(args, cmd)
     if cmd is not None:
         raise UsageError(f"'{args.command}' takes no command after --")
-    return {**COMMANDS, **agent_cmds.COMMANDS, **ui_cmd.COMMANDS}[args.command](args)
+    table = {**COMMANDS, **agent_cmds.COMMANDS, **ui_cmd.COMMANDS}
+    for module in TRUST_CLI:
+        table.update(module.COMMANDS)
+    return table[args.command](args)
 
 
 def _resolve_sids(args):
