@@ -195,6 +195,8 @@ def build_parser():
     c.add_argument("--allow-privileged-modes", action="store_true", help="commit even though the "
                    "session adds a setuid/setgid bit, a file capability or an ACL for another "
                    "user (recorded on the session)")
+    c.add_argument("--countersigned", action="store_true", help="refuse unless a fresh, complete "
+                   "approval by a second model (`overlord review`) is on record for exactly this change")
 
     _sid_command(sub, "rollback", "roll back: discard a session; the target stays untouched",
                  description="Roll back a session: discard its changes and savepoints. The target "
@@ -502,9 +504,14 @@ def _print_syscalls(calls):
 
 def cmd_commit(args):
     result = ops.commit(args.sid, force=args.force, merge=args.merge, only=args.only, drop=args.drop,
-                        allow_privileged=args.allow_privileged_modes)
+                        allow_privileged=args.allow_privileged_modes,
+                        countersigned=args.countersigned)
+    for finding in result.findings:
+        print(f"overlord: note: {R.finding_line(finding)}", file=sys.stderr)
     merged = f", {len(result.merged)} merged" if result.merged else ""
-    print(f"committed {args.sid}: {R.summarize(result.changes)}{merged}")
+    signed = (f", countersigned by review #{result.countersigned['n']}"
+              if result.countersigned else "")
+    print(f"committed {args.sid}: {R.summarize(result.changes)}{merged}{signed}")
     return 0
 
 

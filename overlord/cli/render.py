@@ -117,3 +117,10 @@ def table(rows):
         cells = [str(c).ljust(w) for c, w in zip(r, widths)] + [str(r[-1])]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def finding_line(finding):
+    """One content-gate finding as a person reads it: `warn  secrets  config.py:3  AWS access
+    key AKIA…` (every byte that came from the session escaped)."""
+    where = escape_path(finding.path) + (f":{finding.line}" if finding.line else "")
+    return f"{finding.severity}  {finding.kind}  {where}  {escape_text(finding.what)}"

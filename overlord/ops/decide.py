@@ -10,8 +10,10 @@ from overlord.txn import commit as K
 from overlord.txn import history, locks, objects, replay, retain, store
 from overlord.txn import layers as L
 from overlord.txn.session import Session, remove_tree
+from overlord.ops import clearance
 from overlord.ops.grants import require_target
 from overlord.ops.review import get_session
+from overlord.trust import audit
 
 
 # -- decide ---------------------------------------------------------------------------------------
@@ -21,16 +23,40 @@ class CommitResult:
     sid: str
     changes: list
     merged: list
+    findings: list = dataclasses.field(default_factory=list)   # the gate's, below `block`
+    countersigned: dict = None    # the approval that countersigned it, if one was needed
 
 
-def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=False):
+def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=False,
+           countersigned=False):
     """Replay the session (or the savepoints chosen by cause) onto the real tree.
     allow_privileged: the person accepts setuid/setgid bits, file capabilities and ACLs for
-    other principals that the session adds (refused otherwise; recorded when allowed)."""
+    other principals that the session adds (refused otherwise; recorded when allowed).
+    countersigned: refuse unless a fresh, complete second-model approval is on record.
+    Policy, the content gate and the verdicts are checked by ops.clearance; every refusal
+    after the session is found is on the audit chain (session.commit_refused)."""
     session = get_session(sid)
     state = session.meta["state"]
     if state not in store.OPEN_STATES:
         raise OverlordError(f"cannot commit session {sid}: it is {state}")
+    audit.ready()          # a chain that cannot be written refuses the act, never skips it
+    try:
+        result, cleared = _commit(session, force, merge, only, drop, allow_privileged,
+                                  countersigned)
+    except UsageError:
+        raise
+    except OverlordError as exc:
+        audit.append("session.commit_refused", sid=sid, target=session.target, reason=str(exc))
+        raise
+    audit.append("session.commit", sid=sid, target=session.target, changes=len(result.changes),
+                 forced=bool(session.meta.get("forced")), merged=result.merged,
+                 layers=session.meta.get("committed_layers"), **cleared.record())
+    result.findings, result.countersigned = cleared.findings, cleared.approval
+    return result
+
+
+def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
+    sid = session.sid
     require_target(session.target, session.meta.get("target_id"))
     if merge and not session.meta.get("merge_base"):
         raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
@@ -48,6 +74,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
         privileged = K.privileged(plan)
         if privileged and not allow_privileged:
             K.refuse_privileged(privileged)
+        cleared = clearance.clear(session, plan, force=force, countersigned=countersigned)
         drifts = K.check_drift(session, view, records, layers)
         merged = {}
         if drifts and merge:
@@ -68,6 +95,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
             if privileged:
                 session.meta["allowed_privileged"] = [{"path": p, "adds": why}
                                                       for p, why in privileged]
+            session.meta["clearance"] = cleared.record()
             session.save()
             _keep_record(session, chosen, keeper, bfd, steps, after, records)
         try:
@@ -79,7 +107,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
             keeper.abandon()
             raise
     _drop_working_files(session)
-    return CommitResult(sid, plan, sorted(merged))
+    return CommitResult(sid, plan, sorted(merged)), cleared
 
 
 def _may_move(session):
@@ -117,6 +145,7 @@ def rollback(sid):
     session.meta.update(state="rolled-back", rolled_back=time.time())
     session.save()
     _drop_working_files(session)
+    audit.append("session.rollback", sid=sid, target=session.target)
     return session.meta
 
 
@@ -139,6 +168,8 @@ def recover():
                     if session.meta["state"] != "committed":
                         session.meta.update(state="committed", committed=time.time(), recovered=True)
                         session.save()
+                        audit.append("session.commit", sid=session.sid, target=session.target,
+                                     recovered=True)
                     replay.settle(data)
                     _drop_working_files(session)
                 else:

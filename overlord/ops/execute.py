@@ -17,6 +17,7 @@ from overlord.txn.session import Session, open_stamp_ns, remove_tree
 from overlord.ops.grants import (_check_backend_grants, _inside, require_target, resolve_target,
                                  target_id)
 from overlord.ops.review import _recover_stale, get_session
+from overlord.trust import audit
 
 
 # -- the launcher hook --------------------------------------------------------------------------
@@ -86,6 +87,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     if trace == "strace" and not shutil.which("strace"):
         raise OverlordError("--trace needs strace; install it (apt-get install strace)")
     store.ensure_home()
+    audit.ready()            # a session opens only where its opening can be recorded
     with locks.TargetLock(target, wait=wait):
         refuse_if_pending(target, stack)
         session = _create_session(target, mod, grants, argv, trace)
@@ -304,6 +306,11 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=
         try:
             outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout,
                                   stdio=(watch.start() if watch else None) or stdio, cancel=cancel)
+            granted = session.meta["grants"].get("timeout")
+            if timeout and (not granted or timeout > granted):      # looser than it opened with
+                audit.append("session.exec", sid=sid, target=session.target,
+                             command=shlex.join(argv), grants={"timeout": timeout},
+                             attestation=getattr(outcome, "attestation", None))
         finally:
             if watch:
                 watch.finish()
@@ -491,6 +498,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     if index is not None:
         layer = session.meta["layers"][index]
         layer["bytes"] = limits.layer_bytes(session.path("layers", layer["dir"]))
+    _record_acts(session, outcome, cause)
     if outcome.pinned:
         # a process outside the command still held the fuse mount: what it writes from now on
         # lands in this savepoint (or nowhere, if the command wrote nothing), unattributed
@@ -499,6 +507,26 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         if index is not None:
             session.meta["layers"][index]["pinned"] = True
     return outcome, count
+
+
+def _record_acts(session, outcome, cause):
+    """The audit chain's view of a command: the session's opening (with what really confined
+    it, read back by its first command), and a timeout or a crossed grant that ended one."""
+    where = {"sid": session.sid, "target": session.target}
+    if session.meta.get("opened_seq") is None:
+        grants = session.meta["grants"]
+        line = audit.append("session.open", **where, backend=session.meta["backend"],
+                            grants=grants, command=session.meta.get("command"),
+                            policy=session.meta.get("policy"),
+                            attestation=session.meta.get("attestation"))
+        session.meta["opened_seq"] = line["seq"]
+    if outcome.timed_out:
+        audit.append("session.timeout", **where, command=cause.get("command"),
+                     timeout=session.meta["grants"].get("timeout"))
+    if cause.get("limit"):
+        name = cause["limit"]
+        audit.append("session.limit", **where, grant=name, command=cause.get("command"),
+                     value=limits.effective(session.meta["grants"].get("limits")).get(name))
 
 
 def command_cwd(target):

@@ -9,6 +9,7 @@ from overlord.txn import history, locks, store
 from overlord.txn.session import remove_tree
 from overlord.ops.execute import _new_session_dir
 from overlord.ops.review import _require_layers, get_session
+from overlord.trust import audit
 
 
 # -- history ------------------------------------------------------------------------------------
@@ -35,6 +36,9 @@ def rewind(sid, to):
             dropped = history.rewind(session, to)
             if dropped:
                 agent_transcript.cut_for_rewind(session.dir, to)
+        if dropped:
+            audit.append("session.rewind", sid=sid, target=session.target, to=to,
+                         dropped=len(dropped))
         return dropped
 
 
@@ -62,6 +66,7 @@ def fork(sid, at):
     except BaseException:
         remove_tree(store.session_dir(new))
         raise
+    audit.append("session.fork", sid=new, target=session.target, forked_from=sid, at=at)
     return new
 
 

@@ -8,6 +8,7 @@ from overlord.ops.execute import _create_session, refuse_if_pending
 from overlord.ops.review import get_session
 from overlord.sandbox import backends
 from overlord.text import escape_path
+from overlord.trust import audit
 from overlord.txn import locks, retain
 from overlord.txn import revert as txn_revert
 from overlord.txn.session import remove_tree
@@ -52,4 +53,5 @@ def revert(sid, stack=False, backend=None):
             remove_tree(new.dir)
             raise OverlordError(f"nothing to revert: session {sid} changed nothing that is still there")
         new.save()
+    audit.append("session.revert", sid=new.sid, target=target, reverts=sid)
     return new.sid

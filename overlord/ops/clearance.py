@@ -1,0 +1,115 @@
+"""What a commit must satisfy beyond the tree itself: the folder's policy, the content gate,
+protected paths and the second model's verdicts. Decided here once, for every face.
+
+The order is the order a person would want to hear it in: what can never land (a gate finding
+at `block`), what --force may not override (policy allow_force, protected paths), what needs a
+fresh, complete second-model approval (--countersigned, require_review, protected paths, gate
+findings at `countersign`), and last a fresh rejection, which only --force overrides.
+"""
+import dataclasses
+
+from overlord.errors import Conflict
+from overlord.text import escape_path
+from overlord.trust import gate, policy, protect, verdict
+
+
+@dataclasses.dataclass
+class Clearance:
+    rule: object                  # the policy rule for the target (trust.policy.Rule)
+    findings: list                # gate findings at warn or countersign (block refused)
+    protected: list               # changed paths under protection
+    fingerprint: str = None       # of the plan, when a verdict or a rule needed it
+    approval: dict = None         # the fresh, complete approval that countersigns
+    rejection: dict = None        # a fresh rejection --force overrode
+
+    def record(self):
+        """What the audit act and the session record carry about the clearance."""
+        origin = getattr(self.rule, "origin", None)
+        out = {"policy": origin() if origin else None, "fingerprint": self.fingerprint}
+        if self.approval:
+            out["countersigned"] = {"review": self.approval["n"],
+                                    "reviewer": self.approval.get("reviewer")}
+        if self.rejection:
+            out["overrode_rejection"] = self.rejection["n"]
+        if self.protected:
+            out["protected"] = self.protected[:20]
+        if self.findings:
+            out["findings"] = [f"{f.severity} {f.kind} {f.path}" for f in self.findings[:20]]
+        return out
+
+
+def clear(session, plan, *, force=False, countersigned=False):
+    """Clearance for committing `plan` (the session's plan for the chosen savepoints), or
+    Conflict naming the first rule it breaks. Reads the policy file and the verdicts afresh."""
+    from overlord.ops.countersign import standing
+    target = session.target
+    rule = policy.rule(target)
+    findings = gate.scan(target, plan, rule["checks"])
+    blocking = [f for f in findings if f.severity == "block"]
+    if blocking:
+        raise Conflict(f"commit refused: the content gate blocks {_finding(blocking[0])}"
+                       f"{_more(blocking)} (policy checks.{blocking[0].kind}: block, "
+                       f"from {rule.source('checks')})")
+    shielded = protect.protected(target, [ch.path for ch in plan], rule["protect"])
+    if force and not rule["allow_force"]:
+        raise Conflict(f"commit refused: policy forbids --force here (allow_force: false, from "
+                       f"{rule.source('allow_force')})")
+    if force and shielded:
+        raise Conflict(f"commit refused: --force is never allowed for a protected path: "
+                       f"{escape_path(shielded[0])}{_more(shielded)}")
+    needs = []
+    if countersigned:
+        needs.append("--countersigned")
+    if rule["require_review"]:
+        needs.append(f"policy require_review (from {rule.source('require_review')})")
+    if shielded:
+        needs.append(f"the protected path {escape_path(shielded[0])}{_more(shielded)}")
+    second = [f for f in findings if f.severity == "countersign"]
+    if second:
+        needs.append(f"the content gate's {_finding(second[0])}{_more(second)}")
+    clearance = Clearance(rule, findings, shielded)
+    if not needs and not session.meta.get("reviews"):
+        return clearance          # nothing to bind: no fingerprint to compute
+    clearance.fingerprint = verdict.fingerprint_plan(target, plan)
+    held = standing(session, clearance.fingerprint)
+    if needs and held.approval is None:
+        raise Conflict(f"commit refused: {needs[0]} needs a fresh, complete second-model "
+                       f"approval ({_why_none(session, clearance.fingerprint)}); "
+                       f"run `overlord review {session.sid}`")
+    if held.rejection is not None:
+        if not force:
+            raise Conflict(f"commit refused: the second model rejected this change (review "
+                           f"#{held.rejection['n']}: {_short(held.rejection.get('reason'))}); "
+                           "--force overrides")
+        clearance.rejection = held.rejection
+    clearance.approval = held.approval if needs else None
+    return clearance
+
+
+def _finding(f):
+    where = escape_path(f.path) + (f":{f.line}" if f.line else "")
+    return f"{f.kind} in {where} ({f.what})"
+
+
+def _more(items):
+    return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+
+def _short(text, n=120):
+    text = " ".join(str(text or "").split())
+    text = text if len(text) <= n else text[:n - 1] + "…"
+    return escape_path(text)
+
+
+def _why_none(session, fingerprint):
+    """Why no verdict on record countersigns this plan: the person's next step depends on it."""
+    reviews = session.meta.get("reviews") or []
+    if not reviews:
+        return "none on record"
+    fresh = [v for v in reviews if v.get("fingerprint") == fingerprint]
+    if not fresh:
+        return "every verdict on record is stale: the change moved since it was reviewed"
+    last = fresh[-1]
+    if last.get("verdict") == "approve" and last.get("partial"):
+        return "the fresh approval saw only part of the change"
+    return f"the fresh verdict is {last.get('verdict')}"
