@@ -10,7 +10,6 @@ import dataclasses
 
 from overlord.errors import Conflict
 from overlord.text import escape_path
-from overlord.trust import gate, policy, protect, verdict
 
 
 @dataclasses.dataclass
@@ -42,6 +41,7 @@ def clear(session, plan, *, force=False, countersigned=False):
     """Clearance for committing `plan` (the session's plan for the chosen savepoints), or
     Conflict naming the first rule it breaks. Reads the policy file and the verdicts afresh."""
     from overlord.ops.countersign import standing
+    from overlord.trust import gate, policy, protect, verdict
     target = session.target
     rule = policy.rule(target)
     findings = gate.scan(target, plan, rule["checks"])
