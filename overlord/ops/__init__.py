@@ -11,6 +11,7 @@ from overlord.ops.execute import (Captured, ExecResult, RunResult, command_cause
 from overlord.ops.grants import (crossed_grant, load_manifest, merge_grants, require_target,
                                  resolve_target, validate_grants)
 from overlord.ops.history import compare, fork, rewind, savepoints
+from overlord.ops.kept import committed_diff
 from overlord.ops.revert import revert
 from overlord.ops.review import (KINDS, LogRecord, blame, change_words, describe, diff, get_session, log,
                                  resolve_sid, syscalls, traced, unified)
@@ -22,7 +23,7 @@ __all__ = [
     "Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run",
     "crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target",
     "validate_grants",
-    "compare", "fork", "rewind", "savepoints", "revert",
+    "compare", "fork", "rewind", "savepoints", "revert", "committed_diff",
     "KINDS", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid",
     "syscalls", "traced", "unified",
 ]

@@ -15,14 +15,15 @@ from overlord.text import escape_path, escape_text
 MAX_BYTES = 512 << 10          # a side larger than this is summarized, not compared
 MAX_LINES = 2000               # diff lines per file, at most
 CONTEXT = 3
+DIR_WORDS = {"added": "directory added", "deleted": "directory deleted",
+             "replaced-dir": "directory replaced: its old contents go",
+             "modified": "directory metadata changed"}
 
 
 def file_diff(target, change):
     """{path, kind, layer, summary, binary, large, hunks: [{header, lines: [[tag, text]]}],
     added, removed, truncated} for one ops.diff Change."""
-    out = {"path": change.path, "kind": change.kind, "layer": change.layer, "summary": None,
-           "directory": False, "binary": False, "large": False, "hunks": [], "added": 0,
-           "removed": 0, "truncated": False}
+    out = blank(change.path, change.kind, change.layer)
     entry = change.entry
     new_kind = entry.kind if entry.kind not in ("whiteout", "invalid") else None
     old_st = change.real
@@ -32,39 +33,56 @@ def file_diff(target, change):
         return out
     if new_kind == "dir" or (new_kind is None and old_kind == "dir"):
         out["directory"] = True
-        out["summary"] = {"added": "directory added", "deleted": "directory deleted",
-                          "replaced-dir": "directory replaced: its old contents go",
-                          "modified": "directory metadata changed"}.get(change.kind, "directory")
+        out["summary"] = DIR_WORDS.get(change.kind, "directory")
         return out
     if "symlink" in (new_kind, old_kind):
         old = _link(os.path.join(target, change.path)) if old_kind == "symlink" else None
         new = _link(entry.src) if new_kind == "symlink" else None
-        out["summary"] = " ".join(x for x in (
-            f"symlink \u2192 {old}" if old is not None else None,
-            "becomes" if old is not None and new is not None else None,
-            f"symlink \u2192 {new}" if new is not None else None) if x)
-        if old_kind not in (None, "symlink") or new_kind not in (None, "symlink"):
-            out["summary"] += f" (was a {old_kind or 'nothing'}, now a {new_kind or 'nothing'})"
+        out["summary"] = link_summary(old_kind, new_kind, old, new)
         return out
     if "other" in (new_kind, old_kind):
         out["summary"] = "a special file (device, fifo or socket)"
         return out
     old = _read(os.path.join(target, change.path), old_st) if old_kind == "file" else b""
     new = _read(entry.src, entry.st) if new_kind == "file" else b""
+    return compare(out, change.kind, old, new)
+
+
+def blank(path, kind, layer):
+    """file_diff's answer before anything is known of the two sides."""
+    return {"path": path, "kind": kind, "layer": layer, "summary": None, "directory": False,
+            "binary": False, "large": False, "hunks": [], "added": 0, "removed": 0,
+            "truncated": False}
+
+
+def link_summary(old_kind, new_kind, old, new):
+    """The words for a change with a symlink on either side (old/new: the link texts)."""
+    words = " ".join(x for x in (
+        f"symlink \u2192 {old}" if old is not None else None,
+        "becomes" if old is not None and new is not None else None,
+        f"symlink \u2192 {new}" if new is not None else None) if x)
+    if old_kind not in (None, "symlink") or new_kind not in (None, "symlink"):
+        words += f" (was a {old_kind or 'nothing'}, now a {new_kind or 'nothing'})"
+    return words
+
+
+def compare(out, kind, old, new):
+    """Fill `out` (blank()) from the two sides' bytes: b"" for absent, an int (the size) when
+    too large to compare, None when unreadable."""
     if old is None or new is None:
         out["summary"] = "unreadable"
         return out
     if isinstance(old, int) or isinstance(new, int):
         out["large"] = True
-        out["summary"] = f"large file, not compared: {_sizes(change.kind, old, new)}"
+        out["summary"] = f"large file, not compared: {_sizes(kind, old, new)}"
         return out
     old_text, new_text = _text(old), _text(new)
     if old_text is None or new_text is None:
         out["binary"] = True
-        out["summary"] = f"binary file: {_sizes(change.kind, old, new)}"
+        out["summary"] = f"binary file: {_sizes(kind, old, new)}"
         return out
     if old_text == new_text:
-        out["summary"] = "metadata only (mode or owner)" if change.kind == "modified" else \
+        out["summary"] = "metadata only (mode or owner)" if kind == "modified" else \
             ("empty file" if not new_text else None)
         return out
     _hunks(out, old_text.splitlines(), new_text.splitlines())
@@ -243,9 +261,7 @@ def render(target, change, words=""):
     if words:
         head.append(f"# {words}")
     if "dir" in (new_kind, old_kind) and new_kind in ("dir", None) and old_kind in ("dir", None):
-        what = {"added": "directory added", "deleted": "directory deleted",
-                "replaced-dir": "directory replaced: its old contents go",
-                "modified": "directory metadata changed"}.get(change.kind, "directory")
+        what = DIR_WORDS.get(change.kind, "directory")
         return _join(head + [f"# {what}"])
     old = _side(os.path.join(target, change.path), old_st, old_kind)
     new = _side(entry.src, new_st, new_kind) if new_st is not None else b""
