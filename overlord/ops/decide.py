@@ -13,10 +13,7 @@ from overlord.txn.session import Session, remove_tree
 from overlord.ops import clearance
 from overlord.ops.grants import require_target
 from overlord.ops.review import get_session
-try:                                  # TEMPORARY until trust.audit lands this session
-    from overlord.trust import audit
-except ImportError:
-    from overlord.ops import _audit_pending as audit
+from overlord.trust import audit
 
 
 # -- decide ---------------------------------------------------------------------------------------

@@ -17,10 +17,7 @@ from overlord.txn.session import Session, open_stamp_ns, remove_tree
 from overlord.ops.grants import (_check_backend_grants, _inside, require_target, resolve_target,
                                  target_id)
 from overlord.ops.review import _recover_stale, get_session
-try:                                  # TEMPORARY until trust.audit lands this session
-    from overlord.trust import audit
-except ImportError:
-    from overlord.ops import _audit_pending as audit
+from overlord.trust import audit
 
 
 # -- the launcher hook --------------------------------------------------------------------------

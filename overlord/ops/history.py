@@ -9,10 +9,7 @@ from overlord.txn import history, locks, store
 from overlord.txn.session import remove_tree
 from overlord.ops.execute import _new_session_dir
 from overlord.ops.review import _require_layers, get_session
-try:                                  # TEMPORARY until trust.audit lands this session
-    from overlord.trust import audit
-except ImportError:
-    from overlord.ops import _audit_pending as audit
+from overlord.trust import audit
 
 
 # -- history ------------------------------------------------------------------------------------

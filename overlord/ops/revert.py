@@ -8,10 +8,7 @@ from overlord.ops.execute import _create_session, refuse_if_pending
 from overlord.ops.review import get_session
 from overlord.sandbox import backends
 from overlord.text import escape_path
-try:                                  # TEMPORARY until trust.audit lands this session
-    from overlord.trust import audit
-except ImportError:
-    from overlord.ops import _audit_pending as audit
+from overlord.trust import audit
 from overlord.txn import locks, retain
 from overlord.txn import revert as txn_revert
 from overlord.txn.session import remove_tree
