@@ -11,7 +11,6 @@ import os
 import pwd
 import socket
 
-import overlord
 from overlord.agent import keys as key_store
 from overlord.agent import prompt, providers, tools
 from overlord.agent import transcript as T
@@ -22,6 +21,7 @@ from overlord.agent.providers.common import SECRET_HINTS
 from overlord.errors import NotFound, OverlordError, UsageError
 from overlord.sandbox import backends
 from overlord.sandbox import limits as grant_limits
+from overlord.trust.protect import own_source
 from overlord.txn import store
 from overlord.ops.execute import command_cwd, exec_capture, run
 from overlord.ops.grants import validate_grants
@@ -144,7 +144,7 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
         provider=ep.provider, model=served, base_url=ep.base_url, target=session.target,
         jailed=bool(jail), backend=session.meta["backend"], net=net, call_timeout=grants["timeout"],
         limits=grant_limits.effective(grants.get("limits")), operator=_operator(),
-        own_source=_own_source(session.target), audit=bool(audit))
+        own_source=own_source(session.target), audit=bool(audit))
     with T.writer(session.dir, "run the agent in"):
         record = T.Transcript(session.dir, on_event)
         record.record("system", prompt=prompt.system_prompt(situation, system), tools=tools.SPECS)
@@ -238,14 +238,6 @@ def _operator():
     except KeyError:
         name = f"uid {uid}"
     return f"{name} (uid {uid}) on {socket.gethostname()}"
-
-
-def _own_source(target):
-    """Whether the working folder is OVERLORD's source: this checkout, or another one."""
-    here = os.path.dirname(os.path.dirname(os.path.realpath(overlord.__file__)))
-    return os.path.realpath(target) == here or all(
-        os.path.isfile(os.path.join(target, "overlord", p))
-        for p in ("ops/__init__.py", "sandbox/jail.py", "agent/loop.py"))
 
 
 def _oneline(text, n=60):
