@@ -1,0 +1,358 @@
+"""The witness: an off-box, append-only holder of the audit chain's signed head.
+
+The client (OVERLORD_HOME/witness.json: {"url", "auto"}) POSTs {"seq", "hash", "mac"} (mac =
+HMAC-SHA256(audit key, "witness\\n{seq}\\n{hash}")) and GETs the head the witness holds back,
+so `overlord audit verify --witness` catches a truncation or a rewrite even by someone who
+holds the key. With `auto`, every append hands the new head to a detached sender process
+(the CLI exits right after its act), throttled to one POST a second across processes and
+never failing or slowing the act.
+
+The reference receiver (`overlord audit witness-serve`) keeps the highest head it was sent in
+a store file (written atomically) and refuses (409) a lower seq or a different head at the
+same seq. Protocol: docs/AUDIT.md.
+"""
+import fcntl
+import hmac
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from overlord.errors import OverlordError, UsageError
+from overlord.text import escape_path, escape_text
+from overlord.trust import audit
+from overlord.txn import store
+
+CONFIG_NAME = "witness.json"
+SENT_NAME = "witness.sent"          # {"ts", "seq", "error"}: the last send (the throttle)
+LOCK_NAME = "witness.lock"          # held by the one running sender
+INTERVAL = 1.0                      # at most one automatic POST a second
+TIMEOUT = 5.0
+MAX_BODY = 4096
+
+
+def config_path():
+    return os.path.join(store.home(), CONFIG_NAME)
+
+
+def _path(name):
+    return os.path.join(store.home(), name)
+
+
+def check_url(url):
+    """An http(s) URL with a host, or UsageError."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        parts = None
+    if not isinstance(url, str) or parts is None or parts.scheme not in ("http", "https") \
+            or not parts.hostname:
+        raise UsageError(f"witness URL must be http:// or https:// with a host: {escape_text(str(url))}")
+    return url
+
+
+def load_config():
+    """{"url", "auto"} or None when no witness is configured."""
+    path = config_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError) as exc:
+        raise OverlordError(f"witness config {escape_path(path)}: cannot be read ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("url"), str) \
+            or not isinstance(data.get("auto", False), bool):
+        raise OverlordError(f"witness config {escape_path(path)}: not {{\"url\": ..., \"auto\": bool}}")
+    check_url(data["url"])
+    return {"url": data["url"], "auto": data.get("auto", False)}
+
+
+def configure(url, auto=False):
+    """Write the witness config; returns it."""
+    data = {"url": check_url(url), "auto": bool(auto)}
+    store.ensure_home()
+    store.write_json_atomic(config_path(), data)
+    return data
+
+
+def _url(url):
+    if url:
+        return check_url(url)
+    conf = load_config()
+    if conf is None:
+        raise OverlordError("no witness configured (`overlord audit witness URL` sets one)")
+    return conf["url"]
+
+
+def signed_head():
+    """{"seq", "hash", "mac"} of the live log's head, its mac keyed by the audit key."""
+    key = audit.load_key()
+    head = audit.head()
+    if key is None or not head["hash"]:
+        raise OverlordError("the audit log has no signed head to send (no key, or no line yet)")
+    return {"seq": head["seq"], "hash": head["hash"],
+            "mac": audit.witness_mac(key, head["seq"], head["hash"])}
+
+
+def _request(url, data=None):
+    """(status, parsed JSON body or None) of one request; OverlordError when the witness does
+    not answer."""
+    body = None if data is None else json.dumps(data, sort_keys=True).encode("ascii")
+    req = urllib.request.Request(url, data=body, method="GET" if data is None else "POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+            status, raw = resp.status, resp.read(MAX_BODY + 1)
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read(MAX_BODY + 1)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise OverlordError(f"witness {escape_text(url)} did not answer: "
+                            f"{escape_text(str(reason))}") from None
+    try:
+        parsed = json.loads(raw) if raw and len(raw) <= MAX_BODY else None
+    except ValueError:
+        parsed = None
+    return status, parsed
+
+
+def send(url=None, head=None):
+    """POST the signed head (the live one unless given); returns it. A refusal (409) or any
+    other non-2xx answer raises OverlordError."""
+    url = _url(url)
+    head = head or signed_head()
+    status, body = _request(url, head)
+    if not 200 <= status < 300:
+        why = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), str) else ""
+        raise OverlordError(f"witness {escape_text(url)} refused the head seq {head['seq']} "
+                            f"(HTTP {status}{': ' + escape_text(why) if why else ''})")
+    _record_sent(head["seq"], None)
+    return head
+
+
+def check_head(value, where):
+    """A {seq, hash, mac} head (as the witness serves it) or OverlordError."""
+    if not isinstance(value, dict) or type(value.get("seq")) is not int or value["seq"] < 1 \
+            or not audit._is_hex64(value.get("hash")) or not audit._is_hex64(value.get("mac")):
+        raise OverlordError(f"{where} served no head {{\"seq\", \"hash\", \"mac\"}}")
+    return {"seq": value["seq"], "hash": value["hash"], "mac": value["mac"]}
+
+
+def fetch(url=None):
+    """The head the witness holds (GET), shape-checked; its mac is checked by audit.verify."""
+    url = _url(url)
+    status, body = _request(url)
+    if status == 404:
+        raise OverlordError(f"witness {escape_text(url)} holds no head yet "
+                            "(`overlord audit checkpoint --send` sends one)")
+    if status != 200:
+        raise OverlordError(f"witness {escape_text(url)} answered HTTP {status}")
+    return check_head(body, f"witness {escape_text(url)}")
+
+
+# -- the automatic sender -----------------------------------------------------------------------
+
+def _read_sent():
+    try:
+        with open(_path(SENT_NAME), encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _record_sent(seq, error):
+    sent = _read_sent()
+    data = {"ts": time.time(), "seq": seq if seq is not None else sent.get("seq", 0), "error": error}
+    try:
+        store.write_json_atomic(_path(SENT_NAME), data)
+    except OSError:
+        pass
+
+
+def last_sent():
+    """{"ts", "seq", "error"} of the last send, or {}."""
+    return _read_sent()
+
+
+def _lock_fd():
+    return os.open(_path(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+
+def auto_send():
+    """After an append: when the witness is configured with auto, make sure a sender will
+    deliver the new head. Costs a stat when no witness is configured."""
+    try:
+        os.stat(config_path())
+    except OSError:
+        return
+    conf = load_config()
+    if not conf or not conf["auto"]:
+        return
+    fd = _lock_fd()
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return      # a sender is running; it re-reads the head after it lets go (below)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, OVERLORD_HOME=store.home())
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    subprocess.Popen([sys.executable, "-m", "overlord.trust.witness", "--auto-send"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, cwd="/", env=env, start_new_session=True)
+
+
+def run_sender():
+    """The detached sender: while the head is ahead of what was sent, wait out the throttle
+    and POST the head as it is then. After letting go of the lock it looks once more, so an
+    append that found the lock held is never left unsent."""
+    fd = _lock_fd()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        while True:
+            while True:
+                sent = _read_sent()
+                head = audit.head()
+                if head["seq"] <= int(sent.get("seq") or 0) or not head["hash"]:
+                    break
+                wait = float(sent.get("ts") or 0) + INTERVAL - time.time()
+                if wait > 0:
+                    time.sleep(min(wait, INTERVAL))
+                try:
+                    send()
+                except OverlordError as exc:
+                    _record_sent(None, str(exc))
+                    return 1        # the next act tries again
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            head = audit.head()
+            if head["seq"] <= int(_read_sent().get("seq") or 0):
+                return 0
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0            # another sender took over
+    finally:
+        os.close(fd)
+
+
+# -- the reference receiver ---------------------------------------------------------------------
+
+class Receiver:
+    """Keeps the highest head it was sent in `store_path`; with a key, refuses a head whose
+    mac does not verify."""
+
+    def __init__(self, store_path, key=None):
+        self.store_path, self.key, self.lock = store_path, key, threading.Lock()
+        self.head = self._load()
+
+    def _load(self):
+        try:
+            with open(self.store_path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise OverlordError(f"witness store {escape_path(self.store_path)}: cannot be read ({exc})") from None
+        return check_head(data, f"witness store {escape_path(self.store_path)}")
+
+    def post(self, data):
+        """(status, body) for a POSTed head."""
+        try:
+            head = check_head(data, "the request")
+        except OverlordError as exc:
+            return 400, {"error": str(exc)}
+        if self.key is not None and not hmac.compare_digest(
+                audit.witness_mac(self.key, head["seq"], head["hash"]), head["mac"]):
+            return 403, {"error": "the head's mac does not verify"}
+        with self.lock:
+            held = self.head
+            if held is not None:
+                if head["seq"] < held["seq"]:
+                    return 409, {"error": f"seq {head['seq']} is below the held seq {held['seq']}",
+                                 "head": held}
+                if head["seq"] == held["seq"]:
+                    if head != held:
+                        return 409, {"error": f"a different head at the held seq {held['seq']}",
+                                     "head": held}
+                    return 200, {"ok": True, "head": held}
+            store.write_json_atomic(self.store_path, head, mode=0o644, sync_dir=True)
+            self.head = head
+            return 200, {"ok": True, "head": head}
+
+    def get(self):
+        with self.lock:
+            if self.head is None:
+                return 404, {"error": "no head yet"}
+            return 200, dict(self.head)
+
+
+def _handler(receiver):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "overlord-witness"
+
+        def _answer(self, status, body):
+            data = json.dumps(body, sort_keys=True).encode("ascii") + b"\n"
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._answer(*receiver.get())
+
+        def do_POST(self):
+            try:
+                length = int(self.headers.get("Content-Length") or "")
+            except ValueError:
+                return self._answer(411, {"error": "Content-Length required"})
+            if not 0 < length <= MAX_BODY:
+                return self._answer(413, {"error": f"a head is at most {MAX_BODY} bytes"})
+            try:
+                data = json.loads(self.rfile.read(length))
+            except ValueError:
+                return self._answer(400, {"error": "not JSON"})
+            self._answer(*receiver.post(data))
+
+        def log_message(self, fmt, *args):
+            sys.stderr.write("witness: " + escape_text(fmt % args) + "\n")
+
+    return Handler
+
+
+def parse_bind(bind):
+    host, sep, port = (bind or "").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--bind must be HOST:PORT: {escape_text(str(bind))}")
+    return host.strip("[]"), int(port)
+
+
+def make_server(bind, store_path, key=None):
+    """The receiver's HTTP server (not yet serving)."""
+    host, port = parse_bind(bind)
+    receiver = Receiver(os.path.abspath(store_path), key)
+    try:
+        server = http.server.ThreadingHTTPServer((host, port), _handler(receiver))
+    except OSError as exc:
+        raise OverlordError(f"witness-serve cannot listen on {escape_text(bind)}: {exc.strerror}") from None
+    server.daemon_threads = True
+    return server
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--auto-send"]:
+    try:
+        sys.exit(run_sender())
+    except Exception:       # noqa: BLE001 - a detached best-effort sender has no one to tell
+        sys.exit(1)
