@@ -86,6 +86,17 @@ def signed_word(report):
     return "UNSIGNED (no audit key: the lines carry no MAC, only their seq order is checked)"
 
 
+def doctor_line(report):
+    """doctor's audit line: signed/UNSIGNED, the line count, ok or the first bad line."""
+    if report is None or "error" in report:
+        return "audit chain: cannot be checked (" + R.escape_text(str((report or {}).get("error"))) + ")"
+    bad = report["bad"]
+    state = "ok" if bad is None else \
+        f"BROKEN at line {bad['line']} (seq {bad['seq']}): {R.escape_text(bad['why'])}"
+    word = "signed" if report["signed"] else "UNSIGNED"
+    return f"audit chain: {word}, {report['lines']} line{'s' if report['lines'] != 1 else ''}, {state}"
+
+
 def cmd_verify(args):
     report = A.audit_verify(pin=args.pin, use_witness=args.witness)
     if args.json:

@@ -620,7 +620,7 @@ def cmd_doctor(args):
                      "coarse": [{"sid": sid, "detail": d} for sid, d in report.coarse],
                      "fuse_containment": {"hidden": report.fuse_containment[0],
                                           "detail": report.fuse_containment[1]}
-                     if report.fuse_containment else None})
+                     if report.fuse_containment else None, "audit": report.audit})
         return 0
     if report.in_jail:
         print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
@@ -635,6 +635,7 @@ def cmd_doctor(args):
     for tool, path in report.tools.items():
         print(f"{tool}: {R.escape_path(path) if path else 'not found'}")
     print(f"home: {R.escape_path(report.home)}")
+    print(audit_cmds.doctor_line(report.audit))
     for sid, detail in report.coarse:
         print(f"coarser savepoints in {sid}: {detail}")
     return 0 if report.active else 1

@@ -4,6 +4,7 @@ import os
 import shutil
 
 from overlord.linux import libc
+from overlord.ops.audit import audit_status
 from overlord.sandbox import backends, fuse, harden, limits
 from overlord.sandbox import trace_ebpf
 from overlord.txn import store
@@ -26,6 +27,7 @@ class DoctorReport:
     containment: dict         # layer -> (available, what it means here)
     coarse: list = dataclasses.field(default_factory=list)   # [(sid, what got coarser)]
     fuse_containment: tuple = None   # (OVERLORD_HOME hidden, in words) where fuse is available
+    audit: dict = None        # the chain's verify report (ops.audit_status), or {"error": ...}
 
 
 def doctor():
@@ -38,7 +40,7 @@ def doctor():
     tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
     return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
                         containment_layers(probes["kernel"][0], tools), coarse_sessions(),
-                        fuse_containment(probes["fuse"][0]))
+                        fuse_containment(probes["fuse"][0]), audit_status())
 
 
 def fuse_containment(available):
