@@ -2,10 +2,15 @@
 
 The per-command path starts no interpreter: the CLI (or a server's helper) forks, the child
 sets up namespaces and mounts, and a grandchild execs the command. Setup errors travel back
-to the parent over a close-on-exec pipe, so a failed exec or mount is reported, not guessed.
+to the parent over a close-on-exec pipe, so a failed exec or mount is reported, not guessed;
+the same pipe first carries the attestation (what really confined the command, read back).
 """
+import ctypes
 import dataclasses
+import hashlib
+import json
 import os
+import resource
 import shutil
 import signal
 import time
@@ -57,6 +62,7 @@ class Launch:
     rlimits: list = ()              # [(resource, value)] set before the command starts
     watch: object = None            # called every 0.1 s while the command runs (disk grant)
     stdio: tuple = None             # (stdin, stdout, stderr) fds for the command; None: inherit
+    host: tuple = None              # host_facts() of the launching process, taken before the clone
 
 
 @dataclasses.dataclass
@@ -65,6 +71,7 @@ class Outcome:
     timed_out: bool = False
     pinned: bool = False      # fuse: something still held the mount, so it was detached lazily
     containment: tuple = None  # fuse: (level, why) the starter reached (fuse.NONE/HOST_PROC/HIDDEN)
+    attestation: dict = None   # what really confined the command, read back (see attest())
 
 
 def report_and_exit(errfd, exc, code=126):
@@ -76,6 +83,105 @@ def report_and_exit(errfd, exc, code=126):
         os.write(errfd, msg.encode("utf-8", "replace")[:4000])
     finally:
         os._exit(code)
+
+
+# -- attestation ---------------------------------------------------------------------------------
+# What really confined a command, not what was asked: read back from the kernel by the process
+# that starts it, after its last hardening step and immediately before the spawn. The spawn
+# (posix_spawn: setsid, signal dispositions, dup2 of fds 0-2) changes none of what is read, so
+# the command begins its execve in exactly this state; and since it is read before the command
+# exists, nothing the command does can alter it. It travels to the caller at the head of the
+# starter's close-on-exec report pipe, which the command never holds.
+
+NAMESPACES = (("net", "net_namespace"), ("ipc", "ipc_namespace"), ("uts", "uts_namespace"),
+              ("pid", "pid_namespace"), ("mnt", "mount_namespace"), ("user", "user_namespace"))
+STATUS_KEYS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
+               "Seccomp_filters")
+_BY_NUMBER = {getattr(resource, n): n[len("RLIMIT_"):].lower()      # an alias (OFILE) once
+              for n in sorted(dir(resource), reverse=True) if n.startswith("RLIMIT_")}
+RLIMITS = tuple(sorted((name, res) for res, name in _BY_NUMBER.items()))
+ATTEST_MARK = b"\0attestation:"       # no setup error begins with a NUL
+
+
+def _ns_inode(name):
+    try:
+        return os.stat(f"/proc/self/ns/{name}").st_ino
+    except OSError:
+        return None
+
+
+_host = {}
+
+
+def host_facts():
+    """In the launching process, before it clones: its namespaces ({name: inode}), its root
+    (dev, ino) and the cgroup hierarchy a command's cgroup is named in, to compare with.
+    Once per process: OVERLORD never moves itself to other namespaces or another root."""
+    pid = os.getpid()
+    if pid not in _host:
+        root = os.stat("/")
+        v2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
+        _host.clear()
+        _host[pid] = ({name: _ns_inode(name) for name, _ in NAMESPACES},
+                      (root.st_dev, root.st_ino), v2)
+    return _host[pid]
+
+
+def _cgroup_path(v2):
+    """The command's cgroup as a /sys/fs/cgroup path (v2, or the v1 memory controller's),
+    the way limits.Cgroup names it; None where it is in none."""
+    with open("/proc/self/cgroup", "rb") as f:
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if (v2 and controllers == "") or (not v2 and "memory" in controllers.split(",")):
+            return os.path.join("/sys/fs/cgroup", "" if v2 else "memory", path.lstrip("/")).rstrip("/")
+    return None
+
+
+def attest(launch):
+    """Read back what confines this process (see above); returns the dict."""
+    with open("/proc/self/status", "rb") as f:
+        text = f.read().decode("ascii", "replace")
+    status = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in STATUS_KEYS:
+            status[key] = value.strip()
+    host_ns, host_root, v2 = launch.host or ({}, None, True)
+    root = os.stat("/")
+    out = {"jail": host_root is not None and (root.st_dev, root.st_ino) != tuple(host_root)}
+    for name, key in NAMESPACES:
+        own, theirs = _ns_inode(name), host_ns.get(name)
+        out[key] = None if own is None or theirs is None else own != theirs
+    out["cgroup"] = _cgroup_path(v2)
+    out["rlimits"] = {name: [None if v == resource.RLIM_INFINITY else v for v in resource.getrlimit(res)]
+                      for name, res in RLIMITS}
+    prog = getattr(launch.hardening, "fprog", None)
+    out["seccomp_sha256"] = (hashlib.sha256(ctypes.string_at(prog.filter, prog.len * 8)).hexdigest()
+                             if prog is not None and status.get("Seccomp") == "2" else None)
+    out["status"] = status
+    return out
+
+
+def send_attestation(launch, fd):
+    """attest() and write it as the report pipe's first record."""
+    os.write(fd, ATTEST_MARK + json.dumps(attest(launch), separators=(",", ":")).encode() + b"\n")
+
+
+def attestation_sha256(attestation):
+    """sha256 of an attestation's canonical JSON: one per command, cheap to keep."""
+    return hashlib.sha256(json.dumps(attestation, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_report(fd):
+    """The caller's side of the report pipe: (attestation or None, setup error text)."""
+    data = read_all(fd)
+    attestation = None
+    if data.startswith(ATTEST_MARK):
+        head, _, data = data.partition(b"\n")
+        attestation = json.loads(head[len(ATTEST_MARK):])
+    return attestation, data.decode("utf-8", "replace")
 
 
 TRACE_FD = 3
@@ -97,9 +203,10 @@ def command_argv(launch):
             f'exec {TRACE_FD}>&-; exec "$@"', "overlord-trace"] + list(launch.argv)
 
 
-def spawn_command(launch, cwd):
+def spawn_command(launch, cwd, report_fd=None):
     """Start the command (posix_spawn: no second copy of this interpreter) in its own
-    session, with only fds 0-2 (and the trace pipe as fd 3) open. Returns its pid."""
+    session, with only fds 0-2 (and the trace pipe as fd 3) open. Returns its pid. Just
+    before the spawn, the attestation goes to report_fd (the close-on-exec report pipe)."""
     os.chdir(cwd)
     trace = launch.trace_fd
     for fd in _open_fds():
@@ -126,6 +233,8 @@ def spawn_command(launch, cwd):
         if "/" in argv[0] and os.path.isfile(argv[0]):
             raise OSError(13, f"cannot execute {launch.argv[0]}: not executable")
         raise OSError(2, f"command not found: {launch.argv[0]}")
+    if report_fd is not None:
+        send_attestation(launch, report_fd)
     try:
         return os.posix_spawn(exe, argv, launch.env, file_actions=actions, setsid=True,
                               setsigdef=FORWARDED_SIGNALS + (signal.SIGPIPE, signal.SIGCHLD,
@@ -218,7 +327,7 @@ def read_all(fd):
             break
         chunks.append(data)
     os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
+    return b"".join(chunks)
 
 
 def wait_child(pid, timeout, on_timeout, watch=None, interval=0.1):
@@ -307,5 +416,7 @@ def hand_over(pid, spec, errr, go_w, terminate, prepare=None):
         raise
     finally:
         os.close(go_w)
-    error = read_all(errr)
-    return supervise(pid, error, spec.timeout, lambda: terminate(pid), lambda: pid, spec.watch)
+    attestation, error = read_report(errr)
+    outcome = supervise(pid, error, spec.timeout, lambda: terminate(pid), lambda: pid, spec.watch)
+    outcome.attestation = attestation
+    return outcome

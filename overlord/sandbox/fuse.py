@@ -259,7 +259,7 @@ def _starter(spec, errw, down_r, state, ids):
         cwd = spec.cwd if level != NONE else _translate_cwd(spec)
         limits.apply_rlimits(spec.rlimits)
         spec.hardening.apply()
-        child = executor.spawn_command(spec, cwd)
+        child = executor.spawn_command(spec, cwd, errw)
         os.close(errw)
         code = executor.reap_until(child)
         if not namespaced:
@@ -289,6 +289,7 @@ def _run(spec):
     global _last
     libc.libc()                # load before cloning, so no child pays for it
     state = mmap.mmap(-1, 256)     # shared with the starter: the level it reached
+    spec.host = executor.host_facts()       # what the command's namespaces must differ from
     errr, errw = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
     ids = (os.geteuid(), os.getegid())
@@ -317,6 +318,8 @@ def _run(spec):
         reached = _get_state(state)
         state.close()
     outcome.containment = reached
+    if outcome.attestation is not None:
+        outcome.attestation = {"backend": NAME, **outcome.attestation}
     if reached:
         _last = reached
     return outcome

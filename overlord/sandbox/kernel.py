@@ -114,7 +114,7 @@ def _init_process(launch, errw, from_parent):
                        libc.MS_NOEXEC, "size=4k,mode=000")
         limits.apply_rlimits(launch.rlimits)
         launch.hardening.apply()
-        pid = executor.spawn_command(launch, launch.cwd)
+        pid = executor.spawn_command(launch, launch.cwd, errw)
         os.close(errw)
         for fd in (0, 1, 2):
             os.close(fd)
@@ -130,6 +130,7 @@ def launch(spec):
     # open its /proc files); from then on neither it nor we may be: a command running as our
     # uid must not read our environment through /proc/<pid>/environ.
     libc.prctl(libc.PR_SET_DUMPABLE, 1)
+    spec.host = executor.host_facts()       # what the command's namespaces must differ from
     errr, errw = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -150,7 +151,10 @@ def launch(spec):
             _write_id_maps(pid)
         except OSError as exc:
             raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
-    return executor.hand_over(pid, spec, errr, down_w, terminate, prepare=map_ids)
+    outcome = executor.hand_over(pid, spec, errr, down_w, terminate, prepare=map_ids)
+    if outcome.attestation is not None:
+        outcome.attestation = {"backend": NAME, **outcome.attestation}
+    return outcome
 
 
 def terminate(pid):
