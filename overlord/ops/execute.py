@@ -487,17 +487,21 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
                     os.rmdir(session.path(scratch))
                 except OSError:
                     pass          # something was put in it after a lazy unmount
+    if outcome.attestation is not None and not session.meta.get("attestation"):
+        session.meta["attestation"] = outcome.attestation     # what confined its first command
     count = (recorder or ebpf).finish() if (recorder or ebpf) else None
     if count is not None:
         cause = dict(cause, syscalls=count)
     if crossed:
-        outcome = executor.Outcome(limits.DISK_EXIT, outcome.timed_out, outcome.pinned)
+        outcome = dataclasses.replace(outcome, exit_code=limits.DISK_EXIT)
         session.meta["limit"] = "disk_mb"
         cause = dict(cause, limit="disk_mb")
     index = session.seal(cause)
     if index is not None:
         layer = session.meta["layers"][index]
         layer["bytes"] = limits.layer_bytes(session.path("layers", layer["dir"]))
+        if outcome.attestation is not None:
+            layer["attestation_sha256"] = executor.attestation_sha256(outcome.attestation)
     _record_acts(session, outcome, cause)
     if outcome.pinned:
         # a process outside the command still held the fuse mount: what it writes from now on
