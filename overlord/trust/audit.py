@@ -290,11 +290,13 @@ def append(action, *, sid=None, target=None, actor=None, **details):
     entry = jsonable(entry)
     home = store.ensure_home()
     path, kpath = os.path.join(home, LOG_NAME), os.path.join(home, KEY_NAME)
-    key = load_key(kpath)
     existed = os.path.exists(path)
+    if not existed:
+        load_key(kpath)                 # a bad key refuses before the log is even created
     fd = _open_log(path, create=True)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        key = load_key(kpath)           # under the lock: another first user may just have made it
         seq, prev = _tail(fd, path)
         if key is None and seq == 0:
             key = _make_key(kpath)                  # first use: under the log's lock
