@@ -24,10 +24,12 @@ from overlord.sandbox import limits as grant_limits
 from overlord.trust.protect import own_source
 from overlord.txn import store
 from overlord.ops.execute import command_cwd, exec_capture, run
-from overlord.ops.grants import validate_grants
+from overlord.ops.grants import resolve_target, validate_grants
+from overlord.trust import policy
 from overlord.ops.review import get_session
 
 DEFAULT_CALL_TIMEOUT = 600          # seconds a tool call may run, unless --timeout
+UNASKED = {"jail": True, "net": "none", "timeout": DEFAULT_CALL_TIMEOUT}   # the agent's own defaults
 KNOBS = ("max_tokens", "temperature", "top_p", "stop", "effort", "thinking", "api", "stream",
          "fallbacks", "azure_api_version")
 CONTINUE = "Continue from where you stopped."
@@ -110,12 +112,13 @@ def _served_model(ep):
 # -- agent and resume --------------------------------------------------------------------------
 
 def agent(task, target=None, *, provider=None, model=None, base_url=None, headers=None,
-          knobs=None, script=None, system=None, max_turns=None, context_window=None, jail=True,
+          knobs=None, script=None, system=None, max_turns=None, context_window=None, jail=None,
           net=None, timeout=None, limits=None, backend=None, trace=None, audit=False, stack=False,
           on_event=None, on_delta=None, cancel=None):
     """Open a session on target and run the agent on task in it. Returns AgentResult; the
-    session is left pending for review whatever the done reason."""
-    if audit and not jail:
+    session is left pending for review whatever the done reason. jail, net, timeout, limits:
+    None is unasked (the agent's defaults, held to the target's policy: UNASKED)."""
+    if audit and jail is False:
         raise UsageError("--audit needs the jail: there is nothing to audit without one")
     task = prompt.audit_task(task) if audit else (task or "").strip()
     if not task:
@@ -126,9 +129,10 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
         raise UsageError("--context-window must be at least 1000 tokens")
     ep = endpoint(provider, model, base_url, headers, knobs, script)
     served = _served_model(ep)
-    net = net or "none"
-    grants = validate_grants({"jail": bool(jail), "net": net,
-                              "timeout": timeout or DEFAULT_CALL_TIMEOUT, "limits": limits}, "agent")
+    asked = validate_grants({"jail": jail, "net": net, "timeout": timeout or None,
+                             "limits": limits}, "agent")
+    grants = policy.cap_grants(resolve_target(target), asked, UNASKED)
+    jail, net = grants["jail"], grants["net"]
     _check_backend(backends.choose(backend), jail, net)
     opened = run(["true"], target=target, backend=backend, grants=grants, trace=trace, stack=stack,
                  cause={"kind": "agent", "event": "open"})

@@ -17,7 +17,7 @@ from overlord.txn.session import Session, open_stamp_ns, remove_tree
 from overlord.ops.grants import (_check_backend_grants, _inside, require_target, resolve_target,
                                  target_id)
 from overlord.ops.review import _recover_stale, get_session
-from overlord.trust import audit
+from overlord.trust import audit, policy
 
 
 # -- the launcher hook --------------------------------------------------------------------------
@@ -74,8 +74,8 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     cause = cause or command_cause(argv)
     if close_if_unchanged is None:
         close_if_unchanged = cause.get("kind") != "agent"
-    grants = grants or {}
     target = resolve_target(target)
+    grants, held = policy.cap(target, grants or {})      # refuses a grant looser than policy
     mod = backends.choose(backend)
     _check_backend_grants(mod, grants, target)
     if trace not in (None, "strace", "ebpf"):
@@ -90,7 +90,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     audit.ready()            # a session opens only where its opening can be recorded
     with locks.TargetLock(target, wait=wait):
         refuse_if_pending(target, stack)
-        session = _create_session(target, mod, grants, argv, trace)
+        session = _create_session(target, mod, grants, argv, trace, held.origin())
         watch = StdoutWatch() if track_stdout and pty_slave is None else None
         try:
             outcome, count = _execute(session, mod, argv, cause, pty_slave=pty_slave,
@@ -296,6 +296,7 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=
     if session.meta["state"] not in store.OPEN_STATES:
         raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
     require_target(session.target, session.meta.get("target_id"))
+    policy.cap(session.target, {"timeout": timeout} if timeout else {})   # no --timeout over the cap
     if session.meta.get("limit"):
         raise OverlordError(f"session {sid} crossed its {session.meta['limit']} grant and can run "
                             "nothing more; review it, then commit or roll it back")
@@ -399,14 +400,14 @@ def _new_session_dir():
             continue
 
 
-def _create_session(target, mod, grants, argv, trace):
+def _create_session(target, mod, grants, argv, trace, policy_origin=None):
     sid = _new_session_dir()
     meta = {"sid": sid, "target": target, "backend": mod.NAME, "state": "running",
             "created": time.time(), "open_stamp_ns": open_stamp_ns(), "grants": grants,
             "target_id": target_id(target),
             "merge_base": bool(grants.get("merge_base")), "trace": trace,
             "command": shlex.join(argv), "layers": [], "uid": os.getuid(),
-            "enforcement": enforcement(grants)}
+            "enforcement": enforcement(grants), "policy": policy_origin}
     session = Session(meta)
     session.save()
     return session
