@@ -83,23 +83,11 @@ def load_key(path=None):
     not the caller's, readable or writable by group/other, or not 32 bytes raises
     OverlordError naming the file."""
     path = path or key_path()
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
+    opened = _open_owned(path, os.O_RDONLY, _key_error, 0o077, "reach")
+    if opened is None:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _key_error(path, "is a symlink") from None
-        raise _key_error(path, f"cannot be read ({exc.strerror})") from None
+    fd, st = opened
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _key_error(path, "is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise _key_error(path, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
-        if st.st_mode & 0o077:
-            raise _key_error(path, f"is mode {stat.S_IMODE(st.st_mode):04o}: group/other may "
-                             "reach it (it must be 0600)")
         if st.st_size != KEY_SIZE:
             raise _key_error(path, f"is {st.st_size} bytes, not {KEY_SIZE}")
         data = os.read(fd, KEY_SIZE + 1)
@@ -166,34 +154,39 @@ def _log_error(path, what):
 
 
 def _open_log(path, create):
-    flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    if create:
-        flags |= os.O_CREAT
+    flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
+    opened = _open_owned(path, flags, _log_error, 0o022, "write")
+    return None if opened is None else opened[0]
+
+
+def _open_owned(path, flags, error, mask, verb):
+    """(fd, stat) of a regular file of the caller's with no `mask` mode bits, never through a
+    symlink; None when it does not exist; else error(path, what) is raised."""
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise _log_error(path, "is a symlink") from None
-        raise _log_error(path, f"cannot be opened for appending ({exc.strerror})") from None
+            raise error(path, "is a symlink") from None
+        raise error(path, f"cannot be opened ({exc.strerror})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _log_error(path, "is not a regular file")
+            raise error(path, "is not a regular file")
         if st.st_uid != os.geteuid():
-            raise _log_error(path, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
-        if st.st_mode & 0o022:
-            raise _log_error(path, f"is mode {stat.S_IMODE(st.st_mode):04o}: group/other may "
-                             "write it (it must be 0600)")
+            raise error(path, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
+        if st.st_mode & mask:
+            raise error(path, f"is mode {stat.S_IMODE(st.st_mode):04o}: group/other may "
+                        f"{verb} it (it must be 0600)")
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st
 
 
 def _tail(fd, path):
-    """(seq, mac) of the log's last line, read backwards from the end; (0, "") for an empty
+    """(seq, mac) of the log's last line, read backwards from the end; (0, None) for an empty
     log. A torn or unreadable last line raises OverlordError."""
     size = os.fstat(fd).st_size
     if size == 0:
