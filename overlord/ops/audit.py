@@ -31,7 +31,7 @@ def audit_verify(pin=None, use_witness=False):
     pinned = read_pin(pin) if pin else None
     held, url = None, None
     if use_witness:
-        url = witness._url(None)
+        url = witness.resolve_url(None)
         held = witness.fetch(url)
     report = audit.verify(pin=pinned, witness=held)
     if report["witness"] is not None:
@@ -65,7 +65,7 @@ def audit_checkpoint(path=None, send=False):
     """Record an audit.checkpoint act and return the head that includes it ({"seq", "hash"});
     path: also write it there as a pin file; send: POST the signed head to the witness
     (added as "sent": the witness URL)."""
-    url = witness._url(None) if send else None     # no witness configured: refuse before the act
+    url = witness.resolve_url(None) if send else None     # no witness configured: refuse before the act
     head = audit.checkpoint()
     if path:
         store.write_json_atomic(os.path.abspath(path), head, mode=0o644)

@@ -82,7 +82,8 @@ def configure(url, auto=False):
     return data
 
 
-def _url(url):
+def resolve_url(url=None):
+    """url, checked, or the configured witness's; OverlordError when none is configured."""
     if url:
         return check_url(url)
     conf = load_config()
@@ -127,7 +128,7 @@ def _request(url, data=None):
 def send(url=None, head=None):
     """POST the signed head (the live one unless given); returns it. A refusal (409) or any
     other non-2xx answer raises OverlordError."""
-    url = _url(url)
+    url = resolve_url(url)
     head = head or signed_head()
     status, body = _request(url, head)
     if not 200 <= status < 300:
@@ -148,7 +149,7 @@ def check_head(value, where):
 
 def fetch(url=None):
     """The head the witness holds (GET), shape-checked; its mac is checked by audit.verify."""
-    url = _url(url)
+    url = resolve_url(url)
     status, body = _request(url)
     if status == 404:
         raise OverlordError(f"witness {escape_text(url)} holds no head yet "
