@@ -1,0 +1,380 @@
+"""The content gate: findings in what a session adds, each with the severity policy gives its
+kind. `commit` runs it (block refuses, countersign needs a fresh complete approval), `check`
+shows it, the review dossier includes it. docs/GATE.md describes the rules for people.
+
+Only the session's side is read: the layer's copy (`change.entry.src`) of every added or
+modified regular file, never through a symlink. The real tree is read only for the before
+side of a modified file that holds a secret finding, so a secret the file already held is
+not blamed on the session (a finding is dropped when its matched bytes were already in the
+file). Kinds:
+
+  secrets       private key blocks, cloud and model-provider key shapes, and high-entropy
+                values assigned to key/secret/token/password-like names (SECRETS_SCAN_MIB per
+                file at most: a longer file is scanned in its head and a warning says so)
+  binaries      a file with a NUL byte in its first 8 KiB, or whose first 8 KiB is not UTF-8
+                and holds control bytes (path only)
+  dependencies  a change (added, modified, deleted, type changed) to a dependency manifest,
+                by basename (DEPENDENCY_NAMES, DEPENDENCY_GLOBS)
+  size          a file over checks["size_mb"] MiB (always a warning)
+
+A Finding's `what` never holds a secret's value: at most the well-known prefix of its shape
+(`AKIA`, `ghp_`, `sk-ant-`) and its length; for an assignment, the name it is assigned to.
+"""
+import collections
+import dataclasses
+import math
+import os
+import re
+import stat
+
+from overlord.errors import OverlordError
+from overlord.txn import changes as C
+
+KINDS = ("secrets", "binaries", "dependencies", "size")
+SEVERITIES = ("block", "countersign", "warn")
+LEVELS = SEVERITIES + ("off",)
+DEFAULTS = {"secrets": "countersign", "binaries": "warn", "dependencies": "warn", "size_mb": 50}
+
+MIB = 1 << 20
+SECRETS_SCAN_MIB = 16          # bytes of one file the secret scan reads at most
+BINARY_SNIFF = 8192            # bytes that decide whether a file is binary
+
+# -- the rules ----------------------------------------------------------------------------------
+
+DEPENDENCY_NAMES = frozenset((
+    # JavaScript / TypeScript
+    "package.json", "package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml",
+    "pnpm-workspace.yaml", "bun.lockb", "bun.lock", "deno.json", "deno.lock",
+    # Python
+    "Pipfile", "Pipfile.lock", "poetry.lock", "pyproject.toml", "setup.py", "setup.cfg",
+    "uv.lock", "pdm.lock", "environment.yml", "environment.yaml", "conda-lock.yml",
+    # Rust, Go, Ruby, PHP
+    "Cargo.toml", "Cargo.lock", "go.mod", "go.sum", "go.work", "go.work.sum",
+    "Gemfile", "Gemfile.lock", "gems.rb", "gems.locked", "composer.json", "composer.lock",
+    # JVM, .NET
+    "pom.xml", "build.gradle", "build.gradle.kts", "settings.gradle", "settings.gradle.kts",
+    "gradle.lockfile", "libs.versions.toml", "build.sbt", "packages.config",
+    "Directory.Packages.props", "paket.dependencies", "paket.lock",
+    # others
+    "mix.exs", "mix.lock", "Package.swift", "Package.resolved", "Podfile", "Podfile.lock",
+    "Cartfile", "Cartfile.resolved", "pubspec.yaml", "pubspec.lock", "vcpkg.json",
+    "conanfile.txt", "conanfile.py", "flake.nix", "flake.lock", "rebar.config", "cpanfile",
+    "DESCRIPTION", "renv.lock", "stack.yaml", "cabal.project", "Project.toml", "Manifest.toml",
+))
+DEPENDENCY_GLOBS = re.compile(r"(?:requirements[^/]*\.(?:txt|in)|constraints[^/]*\.txt|"
+                              r"[^/]+\.gemspec|[^/]+\.csproj|[^/]+\.fsproj|[^/]+\.vbproj|"
+                              r"[^/]+\.cabal|[^/]+\.nimble)", re.DOTALL)
+DEPENDENCY_DIRS = ("requirements",)       # requirements/base.txt, requirements/dev.in
+
+# Where a secret can be: a run of at least MIN_RUN bytes of these (the characters of every
+# key shape, of base64, and of a password's punctuation). One translate + one find of such a
+# run per file decides whether anything closer is needed; most source files have none.
+RUN_CHARS = (b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+             b"+/_-.~!@#$%^&*?")
+MIN_RUN = 20
+_RUN_TABLE = bytes(0x61 if c in RUN_CHARS else 0x20 for c in range(256))
+_RUN = b"a" * MIN_RUN
+
+# Key shapes: (marker, label, regex, shown prefix length, needs a random-looking body),
+# matched inside a run only when its marker is there.
+_EDGE = rb"(?<![A-Za-z0-9_\-])"
+_SHAPES = tuple((mark, label, re.compile(rx), shown, rnd) for mark, label, rx, shown, rnd in (
+    (b"AKIA", "AWS access key", rb"(?<![A-Z0-9])AKIA[A-Z0-9]{16}(?![A-Z0-9])", 4, False),
+    (b"ASIA", "AWS access key", rb"(?<![A-Z0-9])ASIA[A-Z0-9]{16}(?![A-Z0-9])", 4, False),
+    (b"AIza", "Google API key", _EDGE + rb"AIza[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])", 4, False),
+    (b"gh", "GitHub token", _EDGE + rb"gh[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9])", 4, False),
+    (b"github_pat_", "GitHub token", _EDGE + rb"github_pat_[A-Za-z0-9_]{22,255}", 11, False),
+    (b"xox", "Slack token", _EDGE + rb"xox[abprs]-(?:[0-9]+-){1,4}[A-Za-z0-9]{8,250}", 5, False),
+    (b"_live_", "Stripe live key", _EDGE + rb"[sr]k_live_[A-Za-z0-9]{20,250}", 8, False),
+    (b"sk-ant-", "Anthropic API key", _EDGE + rb"sk-ant-[A-Za-z0-9_\-]{20,250}", 7, True),
+    (b"sk-", "OpenAI API key",
+     _EDGE + rb"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,250}", 3, True),
+    (b"eyJ", "JSON web token",
+     _EDGE + rb"eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}", 3, False),
+))
+
+_PEM_RX = re.compile(rb"-----BEGIN ((?:[A-Z0-9]+ ){0,3})PRIVATE KEY( BLOCK)?-----"
+                     rb"[\s\S]{0,400}?[A-Za-z0-9+/]{40,}")
+
+# names a secret is assigned to: a name holding one of these (case-insensitive), then an
+# operator (= : := => ==), then the value, quoted or bare
+SECRET_NAMES = (b"key", b"secret", b"token", b"pass", b"pwd", b"credential")
+_NAME_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+_VALUE_RX = re.compile(rb"[ \t]{0,8}(?:\"([^\"\n\r]{20,512})\"|'([^'\n\r]{20,512})'|"
+                       rb"([A-Za-z0-9+/=_\-.~]{20,512}))")
+_HEX_RX = re.compile(rb"[0-9a-f]+|[0-9A-F]+")
+_PLACEHOLDER = (b"${", b"{{", b"<", b"%(", b"$(", b"%s", b"{}", b"process.env", b"os.environ",
+                b"getenv")
+ENTROPY_FACTOR, ENTROPY_CAP, HEX_ENTROPY = 0.84, 4.4, 3.0
+
+
+def entropy_threshold(value):
+    """The Shannon entropy (bits per character) a value of this length and alphabet must
+    reach to count as random: hex digits 3.0; anything else min(0.84 * log2(len), 4.4)
+    (a random string cannot have more than log2(len) bits per character; over 99% of random
+    base64 strings of 20 characters or more clear this, and 97% of random hex strings of 20
+    (all from 24 on); English phrases, paths and identifiers do not)."""
+    if _HEX_RX.fullmatch(value):
+        return HEX_ENTROPY
+    return min(ENTROPY_FACTOR * math.log2(len(value)), ENTROPY_CAP)
+
+
+def entropy(value):
+    n = len(value)
+    return -sum(c / n * math.log2(c / n) for c in collections.Counter(value).values())
+
+
+def looks_random(value):
+    return len(value) >= 20 and entropy(value) >= entropy_threshold(value)
+
+
+# -- findings -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Finding:
+    kind: str            # secrets | binaries | dependencies | size
+    path: str
+    line: int            # 1-based; None where no line applies
+    what: str            # what was found, never a secret's value whole
+    severity: str        # block | countersign | warn
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+def levels(checks):
+    """The effective severities: {kind: level} and size_mb, defaults filled in. A level that
+    is not one of LEVELS is refused naming the key."""
+    out = dict(DEFAULTS)
+    for key, value in (checks or {}).items():
+        if key in ("secrets", "binaries", "dependencies"):
+            if value not in LEVELS:
+                raise OverlordError(f"checks.{key}: {value!r} is not one of {', '.join(LEVELS)}")
+            out[key] = value
+        elif key == "size_mb":
+            if value not in (None, "off") and (isinstance(value, bool) or
+                                               not isinstance(value, (int, float)) or value < 0):
+                raise OverlordError(f"checks.size_mb: {value!r} is not a number of MiB")
+            out[key] = value
+    return out
+
+
+def partition(findings):
+    """(blocking, countersign, warnings): the findings by severity."""
+    by = {s: [f for f in findings if f.severity == s] for s in SEVERITIES}
+    return by["block"], by["countersign"], by["warn"]
+
+
+def scan(target, plan, checks):
+    """[Finding] in what the plan adds, in plan order (then by line). checks: policy's
+    `checks` ({kind: block|countersign|warn|off, size_mb: N}), defaults for what is missing."""
+    lv = levels(checks)
+    secrets, binaries, deps = lv["secrets"], lv["binaries"], lv["dependencies"]
+    size_mb = lv["size_mb"]
+    size_cap = None if size_mb in (None, "off") or size_mb <= 0 else size_mb * MIB
+    out = []
+    for change in plan:
+        entry = change.entry
+        if deps != "off" and _dependency(change):
+            out.append(Finding("dependencies", change.path, None,
+                               f"dependency manifest {_dep_verb(change)}", deps))
+        if (change.kind not in ("added", "modified") or entry.kind != "file"
+                or change.content_same):
+            continue
+        size = entry.st.st_size
+        if size_cap is not None and size > size_cap:
+            out.append(Finding("size", change.path, None,
+                               f"{_mib(size)} (over {size_mb:g} MiB)", "warn"))
+        if secrets == "off" and binaries == "off":
+            continue
+        want = min(size, SECRETS_SCAN_MIB * MIB) if secrets != "off" else min(size, BINARY_SNIFF)
+        data = _read_head(entry.src, want)
+        binary = _is_binary(data[:BINARY_SNIFF])
+        if binaries != "off" and binary:
+            out.append(Finding("binaries", change.path, None, binary, binaries))
+        if secrets == "off":
+            continue
+        found = _secrets(data, None if binary else data)
+        if found and change.kind == "modified" and change.real is not None and \
+                stat.S_ISREG(change.real.st_mode):
+            before = _read_head(C.real_path(target, change.path), SECRETS_SCAN_MIB * MIB,
+                                real=True)
+            found = [f for f in found if f[2] not in before]
+        for line, what, _ in found:
+            out.append(Finding("secrets", change.path, line, what, secrets))
+        if size > len(data) and len(data) == SECRETS_SCAN_MIB * MIB:
+            out.append(Finding("secrets", change.path, None,
+                               f"scanned for secrets in its first {SECRETS_SCAN_MIB} MiB only "
+                               f"(the file is {_mib(size)})", "warn"))
+    return out
+
+
+def _mib(n):
+    return f"{n / MIB:.1f} MiB" if n >= MIB // 10 else f"{n / 1024:.1f} KiB"
+
+
+def _dependency(change):
+    if change.kind == "modified" and change.content_same:
+        return False                   # a chmod of package.json changes no dependency
+    path = change.path
+    name = path.rpartition("/")[2]
+    if name in DEPENDENCY_NAMES or DEPENDENCY_GLOBS.fullmatch(name):
+        return True
+    parent = path.rpartition("/")[0].rpartition("/")[2]
+    return parent in DEPENDENCY_DIRS and name.endswith((".txt", ".in"))
+
+
+def _dep_verb(change):
+    if change.kind == "modified":
+        e, r = change.entry, change.real
+        if r is not None and C.kind_of(r) != e.kind:
+            return "replaced"
+    return {"added": "added", "modified": "modified", "deleted": "deleted"}.get(change.kind,
+                                                                               "replaced")
+
+
+def _read_head(path, n, real=False):
+    """Up to n bytes from the start of a regular file, never through a symlink. A file of our
+    own layer that the command left unreadable is read through changes.readable; the real
+    tree's file is never chmodded (an unreadable one reads as empty)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except PermissionError:
+        if real:
+            return b""
+        with C.readable(path):
+            fd = os.open(path, flags)
+    except OSError:
+        if real:
+            return b""
+        raise
+    try:
+        if real and not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""             # (a sealed layer's entry is a regular file: no fstat)
+        chunks, left = [], n
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+_CONTROLS = bytes(c for c in range(32) if c not in b"\t\n\r\f\v\b\x1b") + b"\x7f"
+_CONTROL_TABLE = bytes.maketrans(_CONTROLS, b"\0" * len(_CONTROLS))
+
+
+def _is_binary(head):
+    """Why a file's first bytes are not text ('' when they are): a NUL byte, or bytes that
+    are not UTF-8 of which at least 1% are control characters."""
+    if b"\0" in head:
+        return "binary content (a NUL byte in its first 8 KiB)"
+    try:
+        head.decode("utf-8")
+        return ""
+    except UnicodeDecodeError as exc:
+        if exc.start >= len(head) - 3 and exc.reason == "unexpected end of data":
+            return ""                  # a character cut at the sniff's edge
+    controls = head.translate(_CONTROL_TABLE).count(b"\0")
+    if controls * 100 >= len(head):
+        return "binary content (not UTF-8 text, control bytes in its first 8 KiB)"
+    return ""
+
+
+# -- secrets --------------------------------------------------------------------------------------
+
+def _secrets(data, text):
+    """[(line or None, what, matched bytes)] of the secrets in data, by offset. text: the same
+    data when it is text (lines are counted), None for a binary file (no line numbers)."""
+    hits = []                                   # (offset, what, raw)
+    if b"-----BEGIN" in data:
+        for m in _PEM_RX.finditer(data):
+            label = m.group(1).decode("ascii").strip()
+            block = " block" if m.group(2) else ""
+            what = f"private key{block} ({label})" if label else f"private key{block}"
+            hits.append((m.start(), what, m.group(0)))
+    runs = data.translate(_RUN_TABLE)
+    at = runs.find(_RUN)
+    while at >= 0:
+        end = runs.find(b" ", at)
+        end = len(data) if end < 0 else end
+        if not _inside(at, hits):
+            hits.extend(_in_run(data, at, end))
+        at = runs.find(_RUN, end)
+    if not hits:
+        return []
+    hits.sort(key=lambda h: h[0])
+    out, line, pos = [], 1, 0
+    for offset, what, raw in hits:
+        if text is not None:
+            line += data.count(b"\n", pos, offset)
+            pos = offset
+        out.append((line if text is not None else None, what, raw))
+    return out
+
+
+def _inside(offset, hits):
+    return any(start <= offset < start + len(raw) for start, _, raw in hits)
+
+
+def _in_run(data, at, end):
+    """The secrets of one run of RUN_CHARS, data[at:end]: key shapes inside it, else a
+    high-entropy value assigned to a secret-like name that the run begins."""
+    run = data[at:end]
+    out = []
+    for mark, label, rx, shown, random_body in _SHAPES:
+        if mark not in run:
+            continue
+        for m in rx.finditer(data, max(at - 1, 0), end + 1):
+            raw = m.group(0)
+            if random_body and not looks_random(raw[shown:]):
+                continue
+            if not _inside(m.start(), out):
+                out.append((m.start(), f"{label} {raw[:shown].decode('ascii')}…({len(raw)} chars)",
+                            raw))
+    if out:
+        return out
+    hit = _assignment(data, at)
+    return [hit] if hit is not None else []
+
+
+def _assignment(data, at):
+    """(offset of the value, what, value) when the run at `at` is (the start of) a value
+    assigned to a secret-like name -- `NAME = "..."`, `"name": "..."`, `name: ...`,
+    `NAME=...`, `name => '...'` -- of high entropy; else None."""
+    i = at
+    if i > 0 and data[i - 1] in b"\"'":
+        i -= 1
+    op = i
+    while op > 0 and data[op - 1] in b" \t":
+        op -= 1
+    j = op
+    while j > 0 and op - j < 2 and data[j - 1] in b"=:>":
+        j -= 1
+    if j == op or data[j:op] not in (b"=", b":", b":=", b"=>", b"=="):
+        return None
+    k = j
+    while k > 0 and j - k < 8 and data[k - 1] in b" \t":
+        k -= 1
+    if k > 0 and data[k - 1] in b"\"'":
+        k -= 1
+    name_end = k
+    while k > 0 and name_end - k < 64 and data[k - 1] in _NAME_CHARS:
+        k -= 1
+    name = data[k:name_end]
+    lowered = name.lower()
+    if not name or not any(n in lowered for n in SECRET_NAMES):
+        return None
+    m = _VALUE_RX.match(data, op)
+    if m is None:
+        return None
+    g = 1 if m.group(1) is not None else 2 if m.group(2) is not None else 3
+    value = m.group(g)
+    if any(p in value for p in _PLACEHOLDER) or not looks_random(value):
+        return None
+    return (m.start(g), f"high-entropy value ({len(value)} chars) assigned to "
+            f"{name.decode('ascii')}", value)
