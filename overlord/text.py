@@ -5,6 +5,7 @@ that is not valid UTF-8 reaches JSON as an escaped `path` plus its exact bytes (
 never as a lone surrogate. Pure functions: every layer may import this module.
 """
 import base64
+import json
 import os
 
 
@@ -49,6 +50,22 @@ def _escape(text, keep=""):
         else:
             out.append(ch)
     return "".join(out)
+
+
+def cause_text(cause):
+    """A savepoint's cause in words (unescaped: a command or a model chose parts of it):
+    the command line, `turn 2 write_file call_1: write_file(a.txt)`, `revert of SID`."""
+    if not cause:
+        return ""
+    if cause.get("kind") == "command":
+        return cause.get("command", "")
+    if "turn" in cause or "tool" in cause:
+        head = " ".join(str(cause[k]) for k in ("turn", "tool", "call") if cause.get(k) is not None)
+        head = f"turn {head}" if "turn" in cause else head
+        return f"{head}: {cause['summary']}" if cause.get("summary") else head
+    if cause.get("kind") == "revert":
+        return f"revert of {cause.get('of')}"
+    return cause.get("summary") or json.dumps(cause, sort_keys=True)
 
 
 def is_exact(text):

@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from overlord.text import escape_block, escape_path, escape_text  # noqa: F401 (re-exported)
+from overlord.text import cause_text, escape_block, escape_path, escape_text  # noqa: F401 (re-exported)
 
 # What a command may have left a terminal in, undone: attributes (SGR 0: colours, SGR 8 hidden
 # text), the G0 character set shifted in and set to ASCII (SI, ESC ( B: no line-drawing glyphs),
@@ -33,20 +33,6 @@ def summarize(changes):
         counts[ch.kind] = counts.get(ch.kind, 0) + 1
     parts = ", ".join(f"{n} {k}" for k, n in counts.items())
     return f"{len(changes)} change{'s' if len(changes) != 1 else ''} ({parts})"
-
-
-def cause_text(cause):
-    if not cause:
-        return ""
-    if cause.get("kind") == "command":
-        return cause.get("command", "")
-    if "turn" in cause or "tool" in cause:
-        head = " ".join(str(cause[k]) for k in ("turn", "tool", "call") if cause.get(k) is not None)
-        head = f"turn {head}" if "turn" in cause else head
-        return f"{head}: {cause['summary']}" if cause.get("summary") else head
-    if cause.get("kind") == "revert":
-        return f"revert of {cause.get('of')}"
-    return cause.get("summary") or json.dumps(cause, sort_keys=True)
 
 
 def owner_text(owner, width=60):

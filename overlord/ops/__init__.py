@@ -6,6 +6,7 @@ Faces parse and render; they call these functions and nothing below them. Result
 from overlord.ops.audit import (audit_checkpoint, audit_key, audit_show, audit_status, audit_verify,
                                 audit_witness, audit_witness_serve)
 from overlord.ops.agent import AgentResult, agent, keys_list, keys_set, models, resume, transcript
+from overlord.ops.countersign import Standing, review, reviews, standing
 from overlord.ops.check import CheckReport, check
 from overlord.ops.decide import CommitResult, commit, recover, rollback
 from overlord.ops.doctor import DoctorReport, containment_layers, doctor, sessions
@@ -24,6 +25,7 @@ __all__ = [
     "audit_checkpoint", "audit_key", "audit_show", "audit_status", "audit_verify", "audit_witness",
     "audit_witness_serve",
     "AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript",
+    "Standing", "review", "reviews", "standing",
     "CheckReport", "check",
     "CommitResult", "commit", "recover", "rollback",
     "DoctorReport", "containment_layers", "doctor", "sessions",
