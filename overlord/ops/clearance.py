@@ -52,7 +52,7 @@ def clear(session, plan, *, force=False, countersigned=False):
     if blocking:
         raise Conflict(f"commit refused: the content gate blocks {_finding(blocking[0])}"
                        f"{_more(blocking)} (policy checks.{blocking[0].kind}: block, "
-                       f"from {rule.source('checks')})")
+                       f"from {rule.source('checks.' + blocking[0].kind)})")
     shielded = protect.protected(target, [ch.path for ch in plan], rule["protect"])
     if force and not rule["allow_force"]:
         raise Conflict(f"commit refused: policy forbids --force here (allow_force: false, from "

@@ -9,6 +9,7 @@ import pytest
 from conftest import Ovl, require_backend, tree
 
 AWS = "AKIA" + "QWERTYUIOPASDFGH"          # the shape, not a real key
+WRITE_AWS = "echo 'aws_key = \"AKIA''QWERTYUIOPASDFGH\"' > creds.py"   # the key never whole in argv
 APPROVE = [{"tool_calls": [{"name": "approve", "input": {"reason": "looks right"}}]}]
 REJECT = [{"tool_calls": [{"name": "reject", "input": {"reason": "breaks the build",
                                                         "paths": ["hello.txt"]}}]}]
@@ -142,7 +143,7 @@ def test_overlords_own_checkout_is_protected(one, home, tmp_path):
 
 def test_gate_block_refuses_outright(ovl, home, target, tmp_path):
     policy(home, {"checks": {"secrets": "block"}})
-    sid, _ = ovl.sh(target, f"echo 'aws_key = \"{AWS}\"' > creds.py")
+    sid, _ = ovl.sh(target, WRITE_AWS)
     proc = refused(ovl, target, sid, says="the content gate blocks secrets in creds.py:1")
     assert AWS not in proc.err and AWS not in (home / "audit.jsonl").read_text()
     review(ovl, tmp_path, sid, APPROVE)
@@ -150,7 +151,7 @@ def test_gate_block_refuses_outright(ovl, home, target, tmp_path):
 
 
 def test_gate_countersign_is_the_default_for_secrets(one, home, target, tmp_path):
-    sid, _ = one.sh(target, f"echo 'aws_key = \"{AWS}\"' > creds.py")
+    sid, _ = one.sh(target, WRITE_AWS)
     refused(one, target, sid, says="the content gate's secrets in creds.py:1")
     review(one, tmp_path, sid, APPROVE)
     proc = one("commit", sid, check=0)
