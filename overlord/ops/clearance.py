@@ -10,6 +10,7 @@ import dataclasses
 
 from overlord.errors import Conflict
 from overlord.text import escape_path
+from overlord.trust import gate, policy, protect, verdict
 
 
 @dataclasses.dataclass
@@ -23,8 +24,7 @@ class Clearance:
 
     def record(self):
         """What the audit act and the session record carry about the clearance."""
-        origin = getattr(self.rule, "origin", None)
-        out = {"policy": origin() if origin else None, "fingerprint": self.fingerprint}
+        out = {"policy": self.rule.origin(), "fingerprint": self.fingerprint}
         if self.approval:
             out["countersigned"] = {"review": self.approval["n"],
                                     "reviewer": self.approval.get("reviewer")}
@@ -40,11 +40,7 @@ class Clearance:
 def clear(session, plan, *, force=False, countersigned=False):
     """Clearance for committing `plan` (the session's plan for the chosen savepoints), or
     Conflict naming the first rule it breaks. Reads the policy file and the verdicts afresh."""
-    try:                                  # TEMPORARY until the trust modules land this session
-        from overlord.ops.countersign import standing
-        from overlord.trust import gate, policy, protect, verdict
-    except ImportError:
-        return _Pending()
+    from overlord.ops.countersign import standing      # it imports ops.review: import late
     target = session.target
     rule = policy.rule(target)
     findings = gate.scan(target, plan, rule["checks"])
@@ -116,10 +112,3 @@ def _why_none(session, fingerprint):
     if last.get("verdict") == "approve" and last.get("partial"):
         return "the fresh approval saw only part of the change"
     return f"the fresh verdict is {last.get('verdict')}"
-
-
-class _Pending:                           # TEMPORARY (see clear)
-    findings, approval = [], None
-
-    def record(self):
-        return {}
