@@ -23,7 +23,8 @@ PRIVILEGED_BODY = "allow_privileged_modes"
 META_KEYS = ("sid", "state", "target", "backend", "command", "created", "finished", "committed",
              "rolled_back", "exit_code", "grants", "enforcement", "trace", "forked_from", "audit",
              "interrupted", "forced", "merged", "committed_layers", "limit", "rewinds", "pinned",
-             "merge_base", "allowed_privileged")
+             "merge_base", "allowed_privileged", "reverts", "clearance")
+FORCE_OVERRIDES = "--force overrides"
 DRIFT_WORDS = {
     "modified-externally": "was changed outside OVERLORD after this session began",
     "deleted-externally": "was deleted outside OVERLORD after this session began",
@@ -136,9 +137,11 @@ def session(app, req, sid):
 
 def dossier(app, sid):
     """The dossier: meta, the manifest (changes with before -> after hashes, causes and any
-    metadata change in words), the savepoint chain and, while the change is staged, a unified
-    diff per file. After a partial commit, `changes` is what was committed and `dropped` what
-    the commit left out (never offered to blame: it is not in the folder)."""
+    metadata change in words), the savepoint chain, a unified diff per file (while staged, of
+    the plan; once committed, of what the commit kept), the content gate's findings (`checks`,
+    while staged), every second-model verdict (`reviews`, each `fresh` or not) and the review
+    under way (`reviewing`). After a partial commit, `changes` is what was committed and
+    `dropped` what the commit left out (never offered to blame: it is not in the folder)."""
     meta = ops.get_session(sid).meta
     records = ops.log(sid)
     staged = meta.get("state") in OPEN_STATES
@@ -165,8 +168,64 @@ def dossier(app, sid):
         "changes": kept,
         "dropped": dropped,
         "savepoints": ops.savepoints(sid),
-        "diffs": [_file_diff(meta["target"], ch) for ch in changes],
+        "diffs": [_file_diff(meta["target"], ch) for ch in changes] if staged else
+                 _committed_diffs(sid, kept) if meta.get("state") == "committed" else [],
+        "checks": _checks(sid) if staged else None,
+        "reviews": _reviews(sid, meta, staged),
+        "reviewing": app.reviews.status(sid),
+        "countersign": _countersign(app, meta),
     }
+
+
+def _committed_diffs(sid, rows):
+    """ops.committed_diff, with each change's metadata in words as the staged diffs have it."""
+    details = {r["path"]: r["details"] for r in rows}
+    out = []
+    for d in ops.committed_diff(sid):
+        words = detail_words({k: v for k, v in (details.get(d["path"]) or {}).items()
+                              if k not in TYPE_KEYS}, d["kind"])
+        d["notes"], d["privileged"] = words, []
+        out.append(d)
+    return out
+
+
+def _checks(sid):
+    """The content gate over the staged change (gate_report), or {error, findings: []} when it
+    cannot be run (a broken policy file refuses it)."""
+    try:
+        return gate_report(ops.check(sid))
+    except OverlordError as exc:
+        return {"error": str(exc), "findings": []}
+
+
+def gate_report(report):
+    """A CheckReport as JSON (docs/JSON.md, `check --json`): blocks, findings, counts."""
+    return report.as_dict()
+
+
+def _reviews(sid, meta, staged):
+    """Every verdict on record, oldest first; while staged each says whether it still binds
+    (`fresh`). Once decided nothing binds any more: `fresh` is None."""
+    if staged:
+        try:
+            return ops.reviews(sid)
+        except OverlordError:
+            pass
+    return [dict(v, fresh=None) for v in meta.get("reviews") or ()]
+
+
+def agent_model(meta):
+    """"provider:model" the agent recorded (None for a `run` session)."""
+    agent = meta.get("agent") or {}
+    provider = (agent.get("endpoint") or {}).get("provider")
+    return f"{provider}:{agent.get('model')}" if provider and agent.get("model") else None
+
+
+def _countersign(app, meta):
+    """The second model Settings name, and whether it is this session's own agent model."""
+    who = S.reviewer(app.settings.load()["countersign"])
+    agent = agent_model(meta)
+    return {"reviewer": who, "agent": agent, "same_as_agent": bool(who and who == agent)}
 
 
 def was_dropped(record):
@@ -215,19 +274,24 @@ def commit(app, req, sid):
     force, merge = _flag(body, "force"), _flag(body, "merge")
     allow = _flag(body, PRIVILEGED_BODY)
     only, drop = _selectors(body, "only"), _selectors(body, "drop")
+    countersigned = _flag(body, "countersigned")
     _not_running(app, sid, "commit")
     try:
         result = ops.commit(sid, force=force, merge=merge, only=only, drop=drop,
-                            allow_privileged=allow)
+                            allow_privileged=allow, countersigned=countersigned)
     except OverlordError as exc:
         if is_privileged_refusal(exc):
             exc.privileged_paths = _privileged(sid, getattr(exc, "privileged", None) or ())
         raise
     app.chats.reset(sid)
     left_out = [r.path for r in ops.log(sid) if was_dropped(r)] if only or drop else []
+    signed = getattr(result, "countersigned", None)
     return {"sid": sid, "state": "committed", "merged": result.merged,
             "changes": [{"path": ch.path, "kind": ch.kind} for ch in result.changes],
-            "dropped": left_out}
+            "dropped": left_out,
+            "findings": [f.as_dict() for f in getattr(result, "findings", None) or ()],
+            "countersigned": {"review": signed.get("n"), "reviewer": signed.get("reviewer")}
+            if signed else None}
 
 
 def is_privileged_refusal(exc):
@@ -256,6 +320,9 @@ def refusal(exc):
         body["error"] = str(exc).replace(PRIVILEGED_FLAG, PRIVILEGED_BODY)
         body["privileged"] = getattr(exc, "privileged_paths", None) or []
         body["override"] = PRIVILEGED_BODY
+    if FORCE_OVERRIDES in body["error"]:
+        body["error"] = body["error"].replace(FORCE_OVERRIDES, "force: true overrides")
+        body["forceable"] = True          # a fresh rejection: the person may commit over it
     return body
 
 
@@ -277,6 +344,68 @@ def rewind(app, req, sid):
 def fork(app, req, sid):
     at = _index(req.body, "at")
     return {"sid": ops.fork(sid, at), "from": sid, "at": at}
+
+
+def revert(app, req, sid):
+    """Stage the undo of a committed session as a new pending session (ops.revert)."""
+    return {"sid": ops.revert(sid), "reverts": sid}
+
+
+def check(app, req, sid):
+    """The content gate over the staged change (what Commit will be told)."""
+    return gate_report(ops.check(sid))
+
+
+# -- the countersignature: a second model reviews the staged change -------------------------------
+
+def review(app, req, sid):
+    """Start a review by the second model named under Settings -> Countersignature. Refused
+    (never another model guessed) when that is the agent's own provider:model, unless the
+    body says `same_model: true` -- the person ticked the box that says so, and the verdict
+    records it."""
+    body = req.body or {}
+    same = _flag(body, "same_model")
+    only, drop = _selectors(body, "only"), _selectors(body, "drop")
+    meta = ops.get_session(sid).meta
+    if meta.get("state") not in OPEN_STATES:
+        raise OverlordError(f"cannot review session {sid}: it is {meta.get('state')}; only a "
+                            "staged change can be reviewed")
+    _not_running(app, sid, "review")
+    cs = app.settings.load()["countersign"]
+    who = S.reviewer(cs)
+    if who is None:
+        raise S.Invalid("cs_provider", "name the second model under Settings \u2192 "
+                                       "Countersignature first")
+    agent = agent_model(meta)
+    if who == agent and not same:
+        raise OverlordError(f"the second model must not be the one that made the change: "
+                            f"{agent} is this session's agent. Name another under Settings "
+                            "\u2192 Countersignature (or tick \"review with the agent's own "
+                            "model\", and the verdict will say so)")
+    demo = cs["provider"] == S.DEMO
+    prof = app.settings.profile(cs["provider"])
+    knobs = prof.get("knobs") or {}
+
+    def call():
+        try:
+            return ops.review(sid, provider=cs["provider"], model=cs["model"] or None,
+                              base_url=cs["base_url"] or None, headers=cs["headers"] or None,
+                              knobs={}, script=S.DEMO_REVIEW_SCRIPT if demo else None,
+                              api=knobs.get("api"), azure_api_version=knobs.get("azure_api_version"),
+                              same_model=same, only=only, drop=drop)
+        except OverlordError as exc:        # the CLI's words for a missing key, as Settings has it
+            words = str(exc).replace(f"run `overlord keys set {cs['provider']}`",
+                                     "add it under Settings \u2192 Countersignature")
+            raise OverlordError(words, http_status=exc.http_status) from None
+    return {"sid": sid, "reviewing": app.reviews.start(sid, who, call)}
+
+
+def reviews(app, req, sid):
+    """What the pages poll while a review runs: the run, and every verdict."""
+    meta = ops.get_session(sid).meta
+    staged = meta.get("state") in OPEN_STATES
+    return {"sid": sid, "reviewing": app.reviews.status(sid),
+            "reviews": _reviews(sid, meta, staged)}
 
 
 def blame(app, req):
@@ -334,21 +463,27 @@ def get_settings(app, req):
 def put_settings(app, req):
     if req.body is None:
         raise UsageError("send the settings to change as a JSON object")
-    key = app.settings.update(req.body)
-    if key:
+    for key in app.settings.update(req.body):
         ops.keys_set(*key)
     return get_settings(app, req)
 
 
 def models(app, req):
-    provider = req.query.get("provider") or app.settings.load()["provider"]
-    prof = app.settings.profile(provider)
+    """?provider=P[&base_url=U][&role=countersign]: the models the endpoint serves now. For
+    the countersignature, its own endpoint and headers (and the demo's reviewer script)."""
+    cfg = app.settings.load()
+    provider = req.query.get("provider") or cfg["provider"]
+    prof = dict(app.settings.profile(provider))
+    second = req.query.get("role") == "countersign"
+    if second and cfg["countersign"]["provider"] == provider:
+        prof.update(base_url=cfg["countersign"]["base_url"], headers=cfg["countersign"]["headers"])
     base_url = req.query.get("base_url") or prof["base_url"] or None
     if base_url:
         S.check_profile({"base_url": base_url}, S.empty_profile(), provider)
     knobs = prof.get("knobs") or {}
     if provider == S.DEMO:
-        return {"provider": provider, "models": ops.models(provider, script=S.DEMO_SCRIPT)}
+        script = S.DEMO_REVIEW_SCRIPT if second else S.DEMO_SCRIPT
+        return {"provider": provider, "models": ops.models(provider, script=script)}
     listed = ops.models(provider, base_url=base_url, headers=prof["headers"] or None,
                         api=knobs.get("api"), azure_api_version=knobs.get("azure_api_version"))
     return {"provider": provider, "models": listed}
@@ -374,3 +509,30 @@ def chat_message(app, req, sid):
 
 def chat_cancel(app, req, sid):
     return app.chats.cancel(sid)
+
+
+# -- the audit log ------------------------------------------------------------------------------------
+
+AUDIT_SHOWN = 500             # newest lines per answer; ?since= pages further back
+
+
+def may_read_audit(principal):
+    """The one place that decides who reads the audit log: everyone holding the launch token,
+    until accounts exist (then: an admin's role, checked here)."""
+    return principal is not None
+
+
+def audit(app, req):
+    """?since=SEQ&action=A: the chain's lines (newest AUDIT_SHOWN of those matching) and the
+    verify result (signed / UNSIGNED, lines, head, ok or the first bad line)."""
+    if not may_read_audit(req.principal):
+        raise OverlordError("the audit log is for administrators", http_status=403)
+    raw = req.query.get("since", "")
+    if raw and not raw.isdigit():
+        raise UsageError("since takes a seq (a number)")
+    action = req.query.get("action") or None
+    if action is not None and (len(action) > 100 or not all(c.isalnum() or c in "._-" for c in action)):
+        raise UsageError("action is an audit action name (e.g. session.commit) or its noun (session)")
+    records = ops.audit_show(since=int(raw) if raw else None, action=action)
+    return {"verify": ops.audit_status(), "records": records[-AUDIT_SHOWN:], "total": len(records),
+            "more": len(records) > AUDIT_SHOWN}

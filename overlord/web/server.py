@@ -27,6 +27,7 @@ from overlord.ops import execute
 from overlord.web import api, launcher, pages, security
 from overlord.web import settings as S
 from overlord.web.chats import Chats
+from overlord.web.reviews import Reviews
 
 MAX_BODY = 1 << 20
 DRAIN_MAX = 8 << 20           # a refused body up to this size is read (and dropped) before the 413
@@ -42,6 +43,11 @@ ROUTES = {
     ("POST", ("api", "session", S_ID, "rollback")): api.rollback,
     ("POST", ("api", "session", S_ID, "rewind")): api.rewind,
     ("POST", ("api", "session", S_ID, "fork")): api.fork,
+    ("POST", ("api", "session", S_ID, "revert")): api.revert,
+    ("GET", ("api", "session", S_ID, "check")): api.check,
+    ("POST", ("api", "session", S_ID, "review")): api.review,
+    ("GET", ("api", "session", S_ID, "reviews")): api.reviews,
+    ("GET", ("api", "audit")): api.audit,
     ("GET", ("api", "blame")): api.blame,
     ("GET", ("api", "chats")): api.chats,
     ("POST", ("api", "chats")): api.start_chat,
@@ -73,6 +79,7 @@ class App:
     def __init__(self, guard, store, backends, static=pages.STATIC):
         self.guard, self.settings, self.backends = guard, store, backends
         self.chats = Chats(store)
+        self.reviews = Reviews()
         self.pages = pages.Pages(static)
         self.closing = threading.Event()
 

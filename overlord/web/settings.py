@@ -1,7 +1,11 @@
 """The workspace's settings: which provider new conversations use, one profile per provider
-(model, endpoint, extra headers, generation knobs), the working folder and the sandbox grants.
+(model, endpoint, extra headers, generation knobs), the working folder, the sandbox grants and
+the countersignature: the second model (provider, model, endpoint, headers) that reviews a
+change before it is committed -- never the agent's own model unless the person says so.
 The `scripted` provider is the demo: a script shipped with OVERLORD (overlord/agent/demo.json)
-plays the model, so a newcomer sees a whole conversation, its diff and a commit without a key.
+plays the model, so a newcomer sees a whole conversation, its diff and a commit without a key;
+as the second model, a script that says it cannot judge a diff (static/demo-review.json) plays
+the reviewer, so the check runs end to end and never countersigns anything.
 
 Kept in OVERLORD_HOME/ui-settings.json, mode 0600 (a gateway header may be a credential).
 API keys are not kept here: they go to the key store through ops.keys_set and are never sent
@@ -21,6 +25,9 @@ from overlord.txn import store
 DEMO = "scripted"             # the demo: a bundled script plays the model (no key, no network)
 DEMO_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "agent", "demo.json")
+DEMO_REVIEW_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static",
+                                  "demo-review.json")
+DEMO_REVIEWER = "overlord-demo-reviewer"      # the model the demo review script names
 PROVIDERS = ("anthropic", "openai", "azure", "openai-compatible", "gemini", DEMO)
 LABELS = {"anthropic": "Anthropic", "openai": "OpenAI", "azure": "Azure OpenAI",
           "openai-compatible": "OpenAI-compatible", "gemini": "Gemini",
@@ -54,11 +61,17 @@ def path():
 
 def defaults(folder):
     return {"provider": "anthropic", "profiles": {p: empty_profile() for p in PROVIDERS},
-            "folder": folder, "sandbox": {"jail": True, "net": "none"}}
+            "folder": folder, "sandbox": {"jail": True, "net": "none"},
+            "countersign": empty_countersign()}
 
 
 def empty_profile():
     return {"model": "", "base_url": "", "headers": {}, "knobs": {}, "system": ""}
+
+
+def empty_countersign():
+    """The second model: unset until the person names one (never guessed)."""
+    return {"provider": "", "model": "", "base_url": "", "headers": {}}
 
 
 class Settings:
@@ -85,13 +98,16 @@ class Settings:
                 data["folder"] = stored["folder"]
             if isinstance(stored.get("sandbox"), dict):
                 data["sandbox"].update(stored["sandbox"])
+            if isinstance(stored.get("countersign"), dict):
+                data["countersign"].update({k: v for k, v in stored["countersign"].items()
+                                            if k in empty_countersign()})
         return data
 
     def public(self, keys):
         """The settings as the page sees them: credential header values masked, and where
         each provider's key comes from (never the key)."""
         data = self.load()
-        for prof in data["profiles"].values():
+        for prof in list(data["profiles"].values()) + [data["countersign"]]:
             prof["headers"] = {k: (MASK if secret_header(k) and v else v)
                                for k, v in prof["headers"].items()}
         data["keys"] = {p: keys.get(p) for p in PROVIDERS}
@@ -101,11 +117,13 @@ class Settings:
         return data
 
     def update(self, change):
-        """Apply a partial change ({provider, profile, folder, sandbox}); return the key to
-        store, if one was given, as (provider, key) -- the caller stores it."""
+        """Apply a partial change ({provider, profile, folder, sandbox, countersign}); return
+        the keys to store, if any were given, as [(provider, key)] -- the caller stores them.
+        `countersign_key` is the key of the countersignature's provider."""
         if not isinstance(change, dict):
             raise Invalid(None, "settings must be a JSON object")
-        unknown = sorted(set(change) - {"provider", "profile", "folder", "sandbox", "api_key"})
+        unknown = sorted(set(change) - {"provider", "profile", "folder", "sandbox", "api_key",
+                                        "countersign", "countersign_key"})
         if unknown:
             raise Invalid(unknown[0], f"unknown setting {unknown[0]!r}")
         with self._lock:
@@ -121,20 +139,60 @@ class Settings:
                 data["folder"] = check_folder(change["folder"])
             if "sandbox" in change:
                 data["sandbox"] = check_sandbox(change["sandbox"])
-            key = change.get("api_key")
-            if key and provider not in NEEDS_KEY and provider != "openai-compatible":
-                raise Invalid("api_key", f"{LABELS[provider]} takes no API key")
-            if key is not None and (not isinstance(key, str) or not key.strip() or
-                                    len(key) > 4096 or any(c.isspace() for c in key.strip())):
-                raise Invalid("api_key", "an API key is one line of text without spaces")
+            if "countersign" in change:
+                data["countersign"] = check_countersign(change["countersign"], data["countersign"])
+            keys = [_key(change.get("api_key"), provider, "api_key"),
+                    _key(change.get("countersign_key"), data["countersign"]["provider"],
+                         "cs_api_key")]
             _write(data)
-        return (provider, key.strip()) if key else None
+        return [k for k in keys if k]
 
     def profile(self, provider):
         data = self.load()
         if provider not in PROVIDERS:
             raise Invalid("provider", f"provider must be one of {', '.join(PROVIDERS)}")
         return data["profiles"][provider]
+
+
+def _key(key, provider, field):
+    """(provider, key) to store, None when no key was given; refused in words otherwise."""
+    if key and provider not in NEEDS_KEY and provider != "openai-compatible":
+        raise Invalid(field, f"{LABELS.get(provider, 'no provider')} takes no API key" if provider
+                      else "choose the provider the key is for first")
+    if key is not None and (not isinstance(key, str) or not key.strip() or
+                            len(key) > 4096 or any(c.isspace() for c in key.strip())):
+        raise Invalid(field, "an API key is one line of text without spaces")
+    return (provider, key.strip()) if key else None
+
+
+def check_countersign(value, old):
+    """The countersignature: {provider, model, base_url, headers}; a refusal names the field
+    as the page calls it (cs_provider, cs_model, ...). An empty provider unsets it."""
+    if not isinstance(value, dict):
+        raise Invalid("cs_provider", "the countersignature must be a JSON object")
+    unknown = sorted(set(value) - set(empty_countersign()))
+    if unknown:
+        raise Invalid(unknown[0], f"unknown countersignature setting {unknown[0]!r}")
+    provider = value.get("provider", old.get("provider") or "")
+    if provider in (None, ""):
+        return empty_countersign()
+    if provider not in PROVIDERS:
+        raise Invalid("cs_provider", f"provider must be one of {', '.join(PROVIDERS)}")
+    try:
+        prof = check_profile({k: v for k, v in value.items() if k != "provider"},
+                             dict(empty_profile(), **{k: v for k, v in old.items() if k != "provider"}),
+                             provider)
+    except Invalid as exc:
+        raise Invalid(f"cs_{exc.field}", str(exc)) from None
+    out = {"provider": provider, **{k: prof[k] for k in ("model", "base_url", "headers")}}
+    if provider == DEMO:                  # the script names its own model
+        out.update(model=DEMO_REVIEWER, base_url="", headers={})
+    return out
+
+
+def reviewer(cs):
+    """"provider:model" of a countersignature, or None while it is unset."""
+    return f"{cs['provider']}:{cs['model']}" if cs.get("provider") and cs.get("model") else None
 
 
 def secret_header(name):

@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 
 from conftest import SESSION_RE, Ovl
-from weblib import KEY, REPO, UI, AnthropicFake, require_kernel, ui  # noqa: F401
+from weblib import KEY, REPO, UI, AnthropicFake, ResponsesFake, require_kernel, ui  # noqa: F401
 
 SID = "20260101-000000-abcdef"
 
@@ -510,3 +510,234 @@ def test_an_unchanged_session_is_listed_and_has_a_dossier(ui, ovl, target):
     assert ui.post(f"/api/session/{sid}/commit").status == 409
     page = ui.get("/console").body.decode()
     assert f'data-sid="{sid}" data-state="unchanged"' in page
+
+
+# -- the record of trust: committed diffs, revert, the gate, policy, the second model, audit ------------
+
+def policy(home, rule=None, **targets):
+    (home / "policy.json").write_text(json.dumps({"default": rule or {}, **targets}))
+
+
+def wait_review(ui, sid, timeout=60):
+    """GET /reviews until the review under way has ended; return that answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = ui.ok("GET", f"/api/session/{sid}/reviews")
+        if r["reviewing"] and not r["reviewing"]["running"]:
+            return r
+        assert time.monotonic() < deadline, r
+        time.sleep(0.05)
+
+
+def countersign(ui, provider, model="", base_url="", key=None):
+    body = {"countersign": {"provider": provider, "model": model, "base_url": base_url}}
+    if key:
+        body["countersign_key"] = key
+    return ui.ok("PUT", "/api/settings", body)
+
+
+def approve(fake, reason="looks right"):
+    fake.queue(fake.turn(text="Reviewed.", calls=[("approve", {"reason": reason})]))
+
+
+def test_the_committed_dossier_shows_its_diff_from_the_kept_objects_and_reverts(ui, ovl, target):
+    sid = session(ovl, target, "printf 'hello\\nworld\\n' > hello.txt; echo new > new.txt; rm sub/a.txt")
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    (target / "unrelated.txt").write_text("outside\n")       # the folder moves on; the record does not
+    d = ui.ok("GET", f"/api/session/{sid}")
+    assert d["staged"] is False and d["checks"] is None
+    diffs = {x["path"]: x for x in d["diffs"]}
+    assert set(diffs) == {"hello.txt", "new.txt", "sub/a.txt"}
+    assert diffs["hello.txt"]["hunks"][0]["lines"] == [[" ", "hello"], ["+", "world"]]
+    assert diffs["new.txt"]["hunks"][0]["lines"] == [["+", "new"]] and diffs["new.txt"]["kept"]
+    assert diffs["sub/a.txt"]["kind"] == "deleted" and diffs["sub/a.txt"]["removed"] == 1
+    # Revert stages the inverse as a new pending session; committing it puts the folder back
+    r = ui.ok("POST", f"/api/session/{sid}/revert")
+    assert r["reverts"] == sid and r["sid"] != sid
+    back = ui.ok("GET", f"/api/session/{r['sid']}")
+    assert back["meta"]["state"] == "pending" and back["meta"]["reverts"] == sid
+    assert {(c["path"], c["kind"]) for c in back["changes"]} == {
+        ("hello.txt", "modified"), ("new.txt", "deleted"), ("sub/a.txt", "added")}
+    assert ui.post(f"/api/session/{r['sid']}/revert").status == 409      # only a committed one
+    ui.ok("POST", f"/api/session/{r['sid']}/commit")
+    assert (target / "hello.txt").read_text() == "hello\n" and not (target / "new.txt").exists()
+    assert (target / "sub" / "a.txt").read_text() == "a\n"
+
+
+def test_commit_from_the_web_is_held_to_policy_and_the_gate(ui, ovl, home, target):
+    sid = session(ovl, target, "echo '{}' > package.json; echo x > hello.txt")
+    # the gate's findings are in the dossier before Commit (default severity: warn)
+    d = ui.ok("GET", f"/api/session/{sid}")
+    found = [f for f in d["checks"]["findings"] if f["path"] == "package.json"]
+    assert found and found[0]["kind"] == "dependencies" and found[0]["severity"] == "warn"
+    assert ui.ok("GET", f"/api/session/{sid}/check")["findings"] == d["checks"]["findings"]
+    # block: refused with the rule's one line, nothing written
+    policy(home, {"checks": {"dependencies": "block"}})
+    assert ui.ok("GET", f"/api/session/{sid}")["checks"]["findings"][0]["severity"] == "block"
+    r = ui.post(f"/api/session/{sid}/commit")
+    assert r.status == 409 and r.json["error"].startswith("commit refused: the content gate blocks "
+                                                         "dependencies in package.json")
+    assert "\n" not in r.json["error"] and not (target / "package.json").exists()
+    # allow_force: false refuses force outright
+    policy(home, {"allow_force": False})
+    r = ui.post(f"/api/session/{sid}/commit", {"force": True})
+    assert r.status == 409 and "policy forbids --force here (allow_force: false" in r.json["error"]
+    # only with a fresh countersignature: none on record
+    policy(home, {})
+    r = ui.post(f"/api/session/{sid}/commit", {"countersigned": True})
+    assert r.status == 409 and "--countersigned needs a fresh, complete second-model approval" in r.json["error"]
+    assert ui.post(f"/api/session/{sid}/commit", {"countersigned": "yes"}).status == 400
+    # a broken policy file refuses the commit and says so in the dossier's checks
+    (home / "policy.json").write_text("{not json")
+    assert "policy" in ui.ok("GET", f"/api/session/{sid}")["checks"]["error"]
+    assert ui.post(f"/api/session/{sid}/commit").status == 409
+    assert (target / "hello.txt").read_text() == "hello\n"
+    policy(home, {})
+    done = ui.ok("POST", f"/api/session/{sid}/commit")
+    assert done["state"] == "committed" and done["countersigned"] is None
+    assert any(f["path"] == "package.json" for f in done["findings"])
+
+
+def test_the_second_model_check_with_the_demo_reviewer_gives_no_verdict(ui, ovl, target):
+    sid = session(ovl, target, "echo changed > hello.txt")
+    r = ui.post(f"/api/session/{sid}/review")
+    assert r.status == 400 and r.json["field"] == "cs_provider"      # no second model named yet
+    s = countersign(ui, "scripted")
+    assert s["countersign"]["provider"] == "scripted"
+    listed = ui.ok("GET", "/api/models?provider=scripted&role=countersign")["models"]
+    assert [m["id"] for m in listed] == ["overlord-demo-reviewer"]
+    d = ui.ok("GET", f"/api/session/{sid}")
+    assert d["countersign"] == {"reviewer": "scripted:overlord-demo-reviewer", "agent": None,
+                                "same_as_agent": False}
+    started = ui.ok("POST", f"/api/session/{sid}/review")
+    assert started["reviewing"]["reviewer"] == "scripted:overlord-demo-reviewer"
+    done = wait_review(ui, sid)
+    assert done["reviewing"]["error"] is None, done
+    [v] = done["reviews"]
+    assert v["verdict"] == "no-verdict" and v["reviewer"] == "scripted:overlord-demo-reviewer"
+    assert v["fresh"] is True and v["same_model"] is False
+    # it never countersigns: --countersigned is still refused
+    r = ui.post(f"/api/session/{sid}/commit", {"countersigned": True})
+    assert r.status == 409 and "fresh verdict is no-verdict" in r.json["error"]
+    # a committed session cannot be reviewed
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    r = ui.post(f"/api/session/{sid}/review")
+    assert r.status == 409 and "committed" in r.json["error"]
+    assert ui.ok("GET", f"/api/session/{sid}")["reviews"][0]["fresh"] is None
+
+
+def test_an_approval_countersigns_until_the_change_moves(ui, ovl, home, target):
+    sid = session(ovl, target, "echo changed > hello.txt")
+    policy(home, {"require_review": True})
+    r = ui.post(f"/api/session/{sid}/commit")
+    assert r.status == 409 and "policy require_review" in r.json["error"]
+    fake = ResponsesFake()
+    try:
+        countersign(ui, "openai", model=fake.MODEL, base_url=fake.url, key=KEY)
+        fake.queue(fake.turn(text="ok", calls=[("approve", {"reason": "the edit is what was asked"})]))
+        ui.ok("POST", f"/api/session/{sid}/review")
+        [v] = wait_review(ui, sid)["reviews"][:1]
+        assert (v["verdict"], v["reason"], v["reviewer"], v["fresh"], v["partial"]) == (
+            "approve", "the edit is what was asked", f"openai:{fake.MODEL}", True, False)
+        # another savepoint: the approval is stale, and require_review refuses again
+        assert ovl("exec", sid, "--", "sh", "-c", "echo more > more.txt").returncode == 0
+        d = ui.ok("GET", f"/api/session/{sid}")
+        assert [x["fresh"] for x in d["reviews"]] == [False]
+        r = ui.post(f"/api/session/{sid}/commit")
+        assert r.status == 409 and "stale" in r.json["error"]
+        # rewind back to what was reviewed: fresh again, and the commit is countersigned
+        ui.ok("POST", f"/api/session/{sid}/rewind", {"to": 0})
+        assert [x["fresh"] for x in ui.ok("GET", f"/api/session/{sid}/reviews")["reviews"]] == [True]
+        done = ui.ok("POST", f"/api/session/{sid}/commit", {"countersigned": True})
+        assert done["countersigned"] == {"review": 1, "reviewer": f"openai:{fake.MODEL}"}
+        assert fake.problems == []
+    finally:
+        fake.close()
+
+
+def test_a_fresh_rejection_blocks_until_forced(ui, ovl, target):
+    sid = session(ovl, target, "echo changed > hello.txt")
+    fake = AnthropicFake()
+    try:
+        countersign(ui, "anthropic", model=fake.MODEL, base_url=fake.url, key=KEY)
+        fake.queue(fake.turn(calls=[("reject", {"reason": "it deletes the greeting", "paths": ["hello.txt"]})]))
+        ui.ok("POST", f"/api/session/{sid}/review")
+        [v] = wait_review(ui, sid)["reviews"]
+        assert v["verdict"] == "reject" and v["paths"] == ["hello.txt"] and v["fresh"] is True
+        r = ui.post(f"/api/session/{sid}/commit")
+        assert r.status == 409 and r.json["forceable"] is True
+        assert "the second model rejected this change (review #1: it deletes the greeting)" in r.json["error"]
+        assert (target / "hello.txt").read_text() == "hello\n"
+        assert ui.ok("POST", f"/api/session/{sid}/commit", {"force": True})["state"] == "committed"
+        assert fake.problems == []
+    finally:
+        fake.close()
+
+
+def test_a_review_that_cannot_run_says_why(ui, ovl, target):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    sid = session(ovl, target, "echo changed > hello.txt")
+    countersign(ui, "openai", model="gpt-x")                 # no key for it: nothing is recorded
+    ui.ok("POST", f"/api/session/{sid}/review")
+    done = wait_review(ui, sid)
+    assert done["reviewing"]["error"].startswith("no key for openai") and \
+        done["reviewing"]["error"].endswith("add it under Settings \u2192 Countersignature"), done
+    assert done["reviews"] == [] and ui.ok("GET", f"/api/session/{sid}")["reviewing"] == done["reviewing"]
+    # an endpoint that does not answer: a no-verdict that says so (it never countersigns)
+    countersign(ui, "openai-compatible", model="local", base_url=f"http://127.0.0.1:{port}/v1")
+    ui.ok("POST", f"/api/session/{sid}/review")
+    [v] = wait_review(ui, sid)["reviews"]
+    assert v["verdict"] == "no-verdict" and f"cannot reach 127.0.0.1:{port}" in v["reason"]
+
+
+def test_the_server_refuses_the_agents_own_model_as_the_second(ui, target):
+    require_kernel()
+    fake = AnthropicFake()
+    try:
+        ui.use(fake)
+        fake.queue(fake.turn(calls=[("write_file", {"path": "a.txt", "content": "a\n"})]), fake.turn(text="done"))
+        sid = ui.ok("POST", "/api/chats", {"message": "write a"})["sid"]
+        ui.wait_idle(sid)
+        countersign(ui, "anthropic", model=fake.MODEL, base_url=fake.url)
+        d = ui.ok("GET", f"/api/session/{sid}")
+        agent = f"anthropic:{fake.MODEL}"
+        assert d["countersign"] == {"reviewer": agent, "agent": agent, "same_as_agent": True}
+        r = ui.post(f"/api/session/{sid}/review")
+        assert r.status == 409 and f"{agent} is this session's agent" in r.json["error"]
+        assert len(fake.requests) == 2 and ui.ok("GET", f"/api/session/{sid}")["reviews"] == []
+        # the person ticks the box that says so: reviewed, and the verdict records it
+        approve(fake)
+        ui.ok("POST", f"/api/session/{sid}/review", {"same_model": True})
+        [v] = wait_review(ui, sid)["reviews"]
+        assert v["same_model"] is True and v["agent"] == agent and v["verdict"] == "approve"
+        assert fake.problems == []
+    finally:
+        fake.close()
+
+
+def test_the_audit_log_and_its_verify_result(ui, ovl, target, home):
+    sid = session(ovl, target, "echo changed > hello.txt")
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    data = ui.ok("GET", "/api/audit")
+    v = data["verify"]
+    assert v["signed"] is True and v["ok"] is True and v["lines"] == data["total"] >= 2
+    assert v["head"]["seq"] == data["records"][-1]["seq"]
+    actions = [r["action"] for r in data["records"]]
+    assert "session.open" in actions and "session.commit" in actions
+    commits = ui.ok("GET", "/api/audit?action=session.commit")["records"]
+    assert [r["sid"] for r in commits] == [sid]
+    assert all(r["seq"] >= 2 for r in ui.ok("GET", "/api/audit?since=2")["records"])
+    for bad in ("since=x", "since=-1", "action=a%20b"):
+        assert ui.get(f"/api/audit?{bad}").status == 400, bad
+    assert ui.get("/api/audit", auth=False).status == 401
+    # an edited line: verify names it
+    log = home / "audit.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[0] = lines[0].replace(b"session.open", b"session.opem")
+    log.write_bytes(b"".join(lines))
+    v = ui.ok("GET", "/api/audit")["verify"]
+    assert v["ok"] is False and v["bad"]["line"] == 1

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import SESSION_RE, Ovl
-from weblib import REPO, AnthropicFake, GeminiFake, require_kernel, sse_text, tree, ui  # noqa: F401
+from weblib import KEY, REPO, AnthropicFake, GeminiFake, ResponsesFake, require_kernel, sse_text, tree, ui  # noqa: F401
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = os.path.join(REPO, "docs", "screenshots")
@@ -189,6 +189,16 @@ def open_workspace(page, ui):
     assert "token" not in page.url
 
 
+def converse(pages, ui, message):
+    """A new page on the workspace, one message sent and its run ended: (page, sid)."""
+    page = pages()
+    open_workspace(page, ui)
+    page.fill("#prompt", message)
+    page.click("#send")
+    expect(page.locator(".note.done")).to_be_visible()
+    return page, page.evaluate("location.hash.slice(1)")
+
+
 # -- the workspace -----------------------------------------------------------------------------------
 
 def test_a_person_sends_a_task_watches_it_stream_reviews_and_commits(ui, fake, target, pages, tmp_path):
@@ -334,12 +344,7 @@ def test_stop_cancels_within_two_seconds_and_the_conversation_resumes(ui, fake, 
 def test_conversations_are_listed_and_rebuilt_on_reload(ui, fake, pages):
     ui.use(fake)
     fake.queue(fake.turn(text="First answer."))
-    page = pages()
-    open_workspace(page, ui)
-    page.fill("#prompt", "first question")
-    page.click("#send")
-    expect(page.locator(".note.done")).to_be_visible()
-    sid = page.evaluate("location.hash.slice(1)")
+    page, sid = converse(pages, ui, "first question")
     page.click("#discard")
     page.click("#discard-yes")
     expect(page.locator("#decided")).to_contain_text("Discarded")
@@ -508,12 +513,7 @@ def test_console_dossier_of_a_conversation_and_drift_refusal(ui, fake, target, p
     project(target)
     ui.use(fake)
     demo(fake)
-    page = pages()
-    open_workspace(page, ui)
-    page.fill("#prompt", "Add a shout option to greet, with a test")
-    page.click("#send")
-    expect(page.locator(".note.done")).to_be_visible()
-    sid = page.evaluate("location.hash.slice(1)")
+    page, sid = converse(pages, ui, "Add a shout option to greet, with a test")
     page.goto(f"{ui.base}/console#{sid}")
     expect(page.locator(".doc-head")).to_contain_text("agent: Add a shout option")
     expect(page.locator(".envelope")).to_contain_text("claude-test-5")
@@ -714,3 +714,121 @@ def test_console_lists_and_blames_names_that_are_not_utf8(ui, home, tmp_path, pa
     sheet = page.locator("#blame")
     expect(sheet.locator(".blame-line")).to_have_count(2)
     expect(sheet.locator(".blame-line .text").first).to_have_text("one")
+
+
+# -- the record of trust: the second model, the gate, the committed diff, the audit log ------------------
+
+def test_the_second_model_check_shows_a_verdict_that_turns_stale_after_a_rewind(ui, fake, target, pages):
+    project(target)
+    ui.use(fake)
+    fake.queue(fake.turn(text="Two files.", calls=[("write_file", {"path": "a.txt", "content": "a\n"}),
+                                                    ("write_file", {"path": "b.txt", "content": "b\n"})]),
+               fake.turn(text="Done."))
+    reviewer = ResponsesFake()
+    try:
+        ui.ok("PUT", "/api/settings", {"countersign": {"provider": "openai", "model": reviewer.MODEL,
+                                                       "base_url": reviewer.url}, "countersign_key": KEY})
+        page, sid = converse(pages, ui, "write a and b")
+        panel = page.locator("#countersign")
+        expect(panel).to_contain_text(f"openai:{reviewer.MODEL}")
+        expect(page.locator("#gate")).to_contain_text("found nothing")
+        reviewer.queue(reviewer.turn(text="ok", calls=[("approve", {"reason": "two small <b>files</b>, as asked"})]))
+        panel.get_by_role("button", name="Second-model check").click()
+        verdict = panel.locator(".verdict")
+        expect(verdict).to_have_count(1)
+        expect(verdict.locator(".verdict-badge")).to_have_text("Approved")
+        expect(verdict.locator(".verdict-reason")).to_have_text("two small <b>files</b>, as asked")   # text, not markup
+        expect(verdict.locator(".verdict-standing")).to_have_text("fresh: it countersigns this change")
+        expect(verdict).to_contain_text(f"#1 \u00b7 openai:{reviewer.MODEL}")
+        # the console's countersignature block shows it too; a rewind there makes it stale
+        page.goto(f"{ui.base}/console#{sid}")
+        block = page.locator(".countersign-panel")
+        expect(block.locator(".verdict-standing")).to_have_text("fresh: it countersigns this change")
+        rows = page.locator(".chain tbody tr")
+        last = rows.count() - 1
+        rows.nth(last - 1).get_by_role("button", name="Rewind here").click()
+        rows.nth(last - 1).get_by_role("button", name="Confirm rewind").click()
+        expect(rows).to_have_count(last)
+        expect(block.locator(".verdict-standing")).to_have_text("stale: the change moved since it was reviewed")
+        expect(block.locator(".verdict")).to_have_attribute("data-fresh", "false")
+        # and "only with a fresh countersignature" refuses the commit, in words
+        pages.allowed.append("status of 409")
+        page.locator("label[for=countersigned]").click()
+        page.get_by_role("button", name="Commit", exact=True).click()
+        expect(page.locator(".doc-message")).to_contain_text("--countersigned needs a fresh, complete second-model approval")
+        assert not (target / "a.txt").exists()
+        assert reviewer.problems == []
+    finally:
+        reviewer.close()
+
+
+def test_a_commit_the_gate_blocks_shows_the_refusal(ui, home, target, pages):
+    sid = run(home, target, "echo '{\"name\": \"x\"}' > package.json")
+    (home / "policy.json").write_text('{"default": {"checks": {"dependencies": "block"}}}')
+    page = pages()
+    page.goto(f"{ui.base}/console?token={ui.token}#{sid}")
+    finding = page.locator(".gate-block .finding")
+    expect(finding).to_have_count(1)
+    expect(finding.locator(".sev")).to_have_text("blocks the commit")
+    expect(finding).to_contain_text("package.json")
+    pages.allowed.append("status of 409")
+    page.get_by_role("button", name="Commit", exact=True).click()
+    refusal = page.locator(".doc-message")
+    expect(refusal).to_contain_text("Commit refused; nothing was written.")
+    expect(refusal.locator(".refusal-line")).to_contain_text("the content gate blocks dependencies in package.json")
+    assert not (target / "package.json").exists()
+    expect(page.locator(".doc-head .pill")).to_have_text("pending")
+
+
+def test_the_committed_dossier_shows_its_diff_and_revert_stages_the_undo(ui, home, target, pages):
+    sid = run(home, target, "printf 'hello\\nagain\\n' > hello.txt")
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    page = pages()
+    page.goto(f"{ui.base}/console?token={ui.token}#{sid}")
+    expect(page.locator(".doc-head .pill")).to_have_text("committed")
+    diff = page.locator(".file-diff", has_text="hello.txt")
+    expect(diff.locator(".diff-line.add .text")).to_have_text(["again"])
+    expect(page.locator(".kept-note")).to_contain_text("read back from the versions it kept")
+    page.get_by_role("button", name="Revert").click()
+    expect(page.locator(".doc-head .pill")).to_have_text("pending")
+    undo = page.evaluate("location.hash.slice(1)")
+    assert undo != sid
+    expect(page.locator(".reg-row")).to_have_count(2)
+    expect(page.locator(".file-diff", has_text="hello.txt").locator(".diff-line.del .text")).to_have_text(["again"])
+    assert (target / "hello.txt").read_text() == "hello\nagain\n"        # staged, not written
+    page.get_by_role("button", name="Commit", exact=True).click()
+    expect(page.locator(".doc-head .pill")).to_have_text("committed")
+    assert (target / "hello.txt").read_text() == "hello\n"
+
+
+def test_the_audit_log_shows_signed_and_renders_records_as_text(ui, home, target, pages):
+    sid = run(home, target, "echo '<img src=x id=pwn>' > '<b>bold.txt'")
+    ui.ok("POST", f"/api/session/{sid}/commit")
+    page = pages()
+    page.goto(f"{ui.base}/console?token={ui.token}#{sid}")
+    page.click("#audit-link")
+    verify = page.locator(".audit-verify")
+    expect(verify).to_contain_text("signed")
+    expect(verify).to_contain_text("the chain holds")
+    expect(verify.locator(".audit-signed")).to_have_text("signed")
+    table = page.locator("table.audit")
+    expect(table.locator("tr", has_text="session.commit")).to_have_count(1)
+    expect(table).to_contain_text("<img src=x id=pwn>")                 # the command, as text
+    assert page.locator("#pwn").count() == 0 and page.locator("table.audit b").count() == 0
+    page.fill("#audit-action", "session.commit")
+    page.get_by_role("button", name="Show").click()
+    expect(table.locator("tbody tr")).to_have_count(1)
+    table.locator("a", has_text=sid).click()
+    expect(page.locator(".doc-head")).to_contain_text(sid)
+    # Settings -> Countersignature names the demo reviewer without a key
+    page.goto(f"{ui.base}/")
+    pages.allowed.append("status of 409")                  # the agent's default provider has no key
+    page.click("#open-settings")
+    page.select_option("#cs-provider", "scripted")
+    expect(page.locator("#cs-demo-note")).to_be_visible()
+    expect(page.locator("#cs-key")).to_be_hidden()
+    expect(page.locator("#cs-model")).to_have_value("overlord-demo-reviewer")
+    page.click("#settings-save")
+    expect(page.locator("#settings-saved")).to_contain_text("Saved")      # (the agent has no model yet)
+    assert ui.ok("GET", "/api/settings")["countersign"] == {
+        "provider": "scripted", "model": "overlord-demo-reviewer", "base_url": "", "headers": {}}

@@ -269,6 +269,40 @@ def test_the_demo_provider_ships_its_script(home):
     assert e.value.field == "api_key"
 
 
+def test_the_countersignature_settings_and_the_demo_reviewer(home):
+    from overlord.agent.providers import scripted
+    model, turns = scripted.load(settings.DEMO_REVIEW_SCRIPT)
+    assert model == settings.DEMO_REVIEWER != scripted.load(settings.DEMO_SCRIPT)[0]
+    assert all(not t.get("tool_calls") for t in turns)       # it never approves nor rejects
+    store = settings.Settings("/")
+    assert store.load()["countersign"] == settings.empty_countersign()
+    assert settings.reviewer(store.load()["countersign"]) is None            # never guessed
+    keys = store.update({"countersign": {"provider": "openai", "model": "gpt-x",
+                                         "base_url": "https://gw.example/v1",
+                                         "headers": "X-Api-Key: s3cret"},
+                         "countersign_key": "sk-1"})
+    assert keys == [("openai", "sk-1")]
+    assert settings.reviewer(store.load()["countersign"]) == "openai:gpt-x"
+    assert store.public({})["countersign"]["headers"] == {"X-Api-Key": settings.MASK}
+    store.update({"countersign": {"headers": {"X-Api-Key": settings.MASK}}})  # a mask keeps it
+    assert store.load()["countersign"]["headers"] == {"X-Api-Key": "s3cret"}
+    store.update({"countersign": {"provider": settings.DEMO, "model": "overlord-demo"}})
+    assert store.load()["countersign"] == {"provider": settings.DEMO, "model": settings.DEMO_REVIEWER,
+                                           "base_url": "", "headers": {}}
+    for change, field in (({"countersign": {"provider": "nope"}}, "cs_provider"),
+                          ({"countersign": {"provider": "openai", "base_url": "ftp://x"}}, "cs_base_url"),
+                          ({"countersign": {"provider": "openai", "model": "a\nb"}}, "cs_model"),
+                          ({"countersign": {"provider": "openai", "headers": "no colon"}}, "cs_headers"),
+                          ({"countersign": {"knobs": {}}}, "knobs"),
+                          ({"countersign": "openai"}, "cs_provider"),
+                          ({"countersign_key": "k-1"}, "cs_api_key")):
+        with pytest.raises(settings.Invalid) as e:
+            store.update(change)
+        assert e.value.field == field, change
+    store.update({"countersign": {"provider": ""}})
+    assert store.load()["countersign"] == settings.empty_countersign()
+
+
 def test_a_handler_that_raises_is_answered_never_left_hanging(home, tmp_path, monkeypatch):
     """GET /api/sessions once hung on a target whose name is not UTF-8: the body failed to
     encode after the status line was buffered. Any failure, before or after an answer was

@@ -269,6 +269,112 @@ const OV = (() => {
 
   const SID_RE = /^\d{8}-\d{6}-[0-9a-f]{6}$/;
 
+  /* -- the content gate: what Commit will be told about the change -------------------------------- */
+  const SEVERITY_WORDS = {block: "blocks the commit", countersign: "needs a countersignature", warn: "warning"};
+
+  function gateView(checks) {
+    if (!checks) return null;
+    if (checks.error) return h("p", {class: "inline-error gate-error"}, checks.error);
+    const found = checks.findings || [];
+    if (!found.length) return h("p", {class: "muted small gate-clear"}, "The content gate found nothing to flag in this change.");
+    return h("ul", {class: "findings", "aria-label": "content gate findings"}, found.map((f) =>
+      h("li", {class: `finding sev-${f.severity}`},
+        h("span", {class: `sev sev-${f.severity}`}, SEVERITY_WORDS[f.severity] || f.severity),
+        h("span", {class: "finding-kind"}, f.kind),
+        h("span", {class: "finding-path mono"}, f.line ? `${f.path}:${f.line}` : f.path),
+        h("span", {class: "finding-what"}, f.what))));
+  }
+
+  /* -- the countersignature: a second model's verdicts on the change ------------------------------ */
+  const VERDICT_WORDS = {approve: "Approved", reject: "Rejected", "no-verdict": "No verdict"};
+
+  function standingText(v) {
+    if (v.fresh === true) {
+      if (v.verdict === "approve") return v.partial ? "fresh, but it saw only part of the change: it does not countersign" : "fresh: it countersigns this change";
+      return v.verdict === "reject" ? "fresh: it blocks a plain commit" : "fresh";
+    }
+    if (v.fresh === false) return "stale: the change moved since it was reviewed";
+    return "on record";
+  }
+
+  function verdictView(v) {
+    const list = (xs) => (xs || []).join(", ");
+    const sel = v.selection && ((v.selection.only || []).length || (v.selection.drop || []).length)
+      ? [(v.selection.only || []).length ? `only ${list(v.selection.only)}` : null,
+         (v.selection.drop || []).length ? `dropping ${list(v.selection.drop)}` : null].filter(Boolean).join(", ") : null;
+    return h("li", {class: `verdict verdict-${v.verdict}`, dataset: {n: v.n, fresh: String(v.fresh)}},
+      h("div", {class: "verdict-head"},
+        h("span", {class: `verdict-badge ${v.verdict}`}, VERDICT_WORDS[v.verdict] || v.verdict),
+        h("span", {class: `verdict-standing ${v.fresh === true ? "fresh" : v.fresh === false ? "stale" : ""}`}, standingText(v)),
+        h("span", {class: "verdict-who"}, `#${v.n} \u00b7 ${v.reviewer || "?"}${v.ts ? ` \u00b7 ${ago(v.ts)}` : ""}`)),
+      v.reason ? h("p", {class: "verdict-reason"}, v.reason) : null,
+      v.verdict === "reject" && (v.paths || []).length ? h("p", {class: "verdict-note"}, `Paths it names: ${list(v.paths)}`) : null,
+      v.partial ? h("p", {class: "verdict-partial"}, `Partial view: it did not see ${list(v.unseen) || "part of the diff"} whole, so an approval here never countersigns.`) : null,
+      (v.read || []).length ? h("p", {class: "verdict-note"}, `${v.partial ? "It read" : "Complete: it read what the dossier left out"} whole: ${list(v.read)}`) : null,
+      v.same_model ? h("p", {class: "verdict-same"}, `Reviewed by the agent's own model${v.agent ? ` (${v.agent})` : ""}: the person chose so, and the record says it.`) : null,
+      sel ? h("p", {class: "verdict-note"}, `Reviewed a selection: ${sel}`) : null);
+  }
+
+  const watching = new Map();       /* sid -> what to call when its review ends (the latest panel's) */
+
+  /* While a review runs, ask for its state every 700 ms; done() once it has ended. */
+  function watchReview(sid, done) {
+    const known = watching.has(sid);
+    watching.set(sid, done);
+    if (known) return;
+    const tick = async () => {
+      let r = null;
+      try { r = await api("GET", `/api/session/${sid}/reviews`); } catch (e) { r = null; }
+      if (r && r.reviewing && r.reviewing.running) { setTimeout(tick, 700); return; }
+      const call = watching.get(sid);
+      watching.delete(sid);
+      call(r);
+    };
+    setTimeout(tick, 400);
+  }
+
+  /* The countersignature block: who the second model is, the check button, the review under way,
+     and every verdict, newest first. onChange() redraws the page after a review ends. */
+  function countersignPanel(d, opts) {
+    const cs = d.countersign || {}, run = d.reviewing, sid = d.meta.sid;
+    const reviews = (d.reviews || []).slice().reverse();
+    const status = h("p", {class: "review-status", role: "status"});
+    const error = h("p", {class: "inline-error review-error", role: "alert", hidden: true});
+    const same = h("input", {type: "checkbox", id: `same-model-${opts.where}`});
+    const sameLabel = cs.same_as_agent ? h("label", {class: "small same-model", for: `same-model-${opts.where}`}, same,
+      ` Review with the agent's own model (${cs.agent}) anyway: the verdict will say so`) : null;
+    const button = h("button", {class: "button small review-button", type: "button"}, "Second-model check");
+    const busy = run && run.running;
+    const ready = () => d.staged && !d.running && cs.reviewer && !busy && (!cs.same_as_agent || same.checked);
+    button.disabled = !ready();
+    same.addEventListener("change", () => { button.disabled = !ready(); });
+    if (!d.staged) status.append(reviews.length ? "The session is decided; these verdicts are its record." : "No second-model review was given for this session.");
+    else if (busy) status.append(`Reviewing with ${run.reviewer}\u2026 the verdict appears here when it is given.`);
+    else if (!cs.reviewer) status.append(`No second model is named yet: choose one under Settings \u2192 Countersignature${opts.where === "console" ? " in the workspace" : ""}.`);
+    else if (cs.same_as_agent) status.append(`The second model in Settings (${cs.reviewer}) is the agent's own; the check is refused unless you tick the box below.`);
+    else status.append(`The check asks ${cs.reviewer} to review exactly this change; its verdict is bound to what it saw.`);
+    if (run && !run.running && run.error) { error.append(`The last review failed: ${run.error}`); error.hidden = false; }
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      error.hidden = true;
+      try {
+        await api("POST", `/api/session/${sid}/review`, same.checked ? {same_model: true} : {});
+      } catch (e) {
+        clear(error).append(e.message);
+        error.hidden = false;
+        button.disabled = !ready();
+        return;
+      }
+      clear(status).append(`Reviewing with ${cs.reviewer}\u2026 the verdict appears here when it is given.`);
+      watchReview(sid, () => opts.onChange());
+    });
+    if (busy) watchReview(sid, () => opts.onChange());
+    return h("div", {class: "countersign-panel"},
+      d.staged ? h("div", {class: "review-row"}, button, sameLabel) : null, status, error,
+      reviews.length ? h("ol", {class: "verdicts", "aria-label": "second-model verdicts, newest first"}, reviews.map(verdictView)) : null);
+  }
+
   return {h, append, clear, api, ApiError, markdown, inline, kindBadge, fileDiff, diffBody, delta,
-          metaNotes, privilegeText, causeText, short, ago, stateLabel, SID_RE};
+          metaNotes, privilegeText, causeText, short, ago, stateLabel, SID_RE, gateView, verdictView,
+          countersignPanel};
 })();

@@ -3,7 +3,8 @@
 "use strict";
 
 (() => {
-  const {h, clear, api, kindBadge, fileDiff, causeText, short, stateLabel, metaNotes, privilegeText, SID_RE} = OV;
+  const {h, clear, api, kindBadge, fileDiff, causeText, short, stateLabel, metaNotes, privilegeText, SID_RE,
+         gateView, countersignPanel} = OV;
   const $ = (id) => document.getElementById(id);
   const register = $("register"), paper = $("paper"), blame = $("blame");
   let current = null, dossier = null, openTimer = null;
@@ -84,15 +85,20 @@
       section(1, "Grant envelope", envelope(d)),
       section(2, "Manifest", manifest(d)),
       section(3, "Savepoint chain", chain(d)),
-      staged ? section(4, "Per-file diff", d.diffs.length ? d.diffs.filter((x) => !x.directory).map((x, i) => fileDiff(x, `diff-${i}`)) :
-        h("p", {class: "muted"}, "No changes.")) :
-        section(4, "Per-file diff", h("p", {class: "muted"}, m.state === "committed"
-          ? "The change is in the folder now; open a path's blame sheet to see who wrote each line."
-          : m.state === "unchanged" ? "The session changed nothing."
-          : "The session was discarded (rolled back); nothing of it was written.")),
-      section(5, "Countersignature", h("p", {class: "countersign"},
-        "No second-model review was requested for this session. (Countersignatures arrive with reviews.)")),
+      section(4, "Per-file diff", diffSection(d)),
+      section(5, "Countersignature", countersignPanel(d, {where: "console", onChange: () => { if (current === m.sid) show(m.sid); }})),
       section(6, "Disposition", disposition(d)));
+  }
+
+  function diffSection(d) {
+    const m = d.meta, files = d.diffs.filter((x) => !x.directory).map((x, i) => fileDiff(x, `diff-${i}`));
+    if (d.staged) return files.length ? files : h("p", {class: "muted"}, "No changes.");
+    if (m.state === "committed") {
+      return [h("p", {class: "muted small kept-note"}, "What the commit wrote, read back from the versions it kept; open a path's blame sheet to see who wrote each line."),
+              files.length ? files : h("p", {class: "muted"}, "No file content changed.")];
+    }
+    return h("p", {class: "muted"}, m.state === "unchanged" ? "The session changed nothing."
+      : "The session was discarded (rolled back); nothing of it was written.");
   }
 
   function when(stamp) { return stamp ? new Date(stamp * 1000).toLocaleString() : "?"; }
@@ -210,14 +216,20 @@
       if (m.forced) parts.push(" Forced over outside changes.");
       if (m.allowed_privileged) parts.push(" Privileged modes allowed by the person who committed.");
       if (m.merged && m.merged.length) parts.push(` Merged: ${m.merged.join(", ")}.`);
-      return h("p", {class: "decided"}, parts.join(""));
+      const signed = m.clearance && m.clearance.countersigned;
+      if (signed) parts.push(` Countersigned by review #${signed.review} (${signed.reviewer}).`);
+      if (m.clearance && m.clearance.overrode_rejection) parts.push(` Committed over the rejection of review #${m.clearance.overrode_rejection}.`);
+      return [h("p", {class: "decided"}, parts.join("")), revertBlock(d)];
     }
     if (m.state === "rolled-back") return h("p", {class: "decided voided"}, `Discarded (rolled back) ${when(m.rolled_back)}. Nothing was written.`);
     if (m.state === "unchanged") return h("p", {class: "decided voided"}, "Unchanged: the session changed nothing, so there is nothing to commit or discard.");
     if (d.running) return h("p", {class: "muted"}, "The agent is working in this session; stop it in the workspace first.");
     const message = h("div", {class: "refusal doc-message", role: "alert", hidden: true});
     const force = h("input", {type: "checkbox", id: "force"});
-    const forceLabel = h("label", {class: "small", for: "force", hidden: true}, force, " commit over outside changes (--force)");
+    const forceWords = h("span", {}, " commit over outside changes (--force)");
+    const forceLabel = h("label", {class: "small", for: "force", hidden: true}, force, forceWords);
+    const signed = h("input", {type: "checkbox", id: "countersigned"});
+    const signedLabel = h("label", {class: "small", for: "countersigned"}, signed, " only with a fresh countersignature (--countersigned)");
     const allow = h("input", {type: "checkbox", id: "allow-privileged"});
     const allowLabel = h("label", {class: "small allow-privileged", for: "allow-privileged", hidden: true}, allow,
       " allow privileged modes: let this commit add setuid/setgid bits, file capabilities and ACLs (--allow-privileged-modes)");
@@ -229,6 +241,7 @@
       if (drop.length) body.drop = drop.map((n) => `layer:${n}`);
       if (force.checked) body.force = true;
       if (allow.checked) body.allow_privileged_modes = true;
+      if (signed.checked) body.countersigned = true;
       try {
         await api("POST", `/api/session/${m.sid}/commit`, body);
       } catch (e) {
@@ -237,11 +250,12 @@
           message.append(privilegeText(e.data).trim());
           allowLabel.hidden = false;
         } else {
-          message.append(e.message);
+          message.append(h("span", {class: "refusal-line"}, e.message));
         }
         const drifts = e.data.drifts || [];
         if (drifts.length) message.append(h("ul", {}, drifts.map((x) => h("li", {}, x.words))));
-        forceLabel.hidden = !(drifts.length && drifts.every((x) => x.forceable));
+        forceLabel.hidden = !(drifts.length && drifts.every((x) => x.forceable)) && !e.data.forceable;
+        forceWords.textContent = e.data.forceable ? " commit over the second model's rejection (--force)" : " commit over outside changes (--force)";
         message.hidden = false;
         commitBtn.disabled = false;
         return;
@@ -255,9 +269,26 @@
       await show(m.sid);
       reloadRegister();
     });
-    return [h("div", {class: "disposition"}, commitBtn, discardBtn, forceLabel, allowLabel,
-              h("p", {class: "hint"}, "Commit checks that the folder did not change under the session, then writes the kept savepoints, all or nothing. Discard rolls the session back: nothing is written.")),
+    return [h("div", {class: "gate-block"}, h("h4", {class: "gate-title"}, "Content gate"), gateView(d.checks)),
+            h("div", {class: "disposition"}, commitBtn, discardBtn, signedLabel, forceLabel, allowLabel,
+              h("p", {class: "hint"}, "Commit checks the folder's policy, the content gate and the second model's verdicts, and that the folder did not change under the session; then it writes the kept savepoints, all or nothing. Discard rolls the session back: nothing is written.")),
             message];
+  }
+
+  /* A committed session's undo: staged as a new pending session, reviewed and committed like any other. */
+  function revertBlock(d) {
+    const m = d.meta;
+    const note = h("p", {class: "inline-error revert-error", role: "alert", hidden: true});
+    const button = h("button", {class: "button small", type: "button", onclick: async () => {
+      button.disabled = true;
+      let res;
+      try { res = await api("POST", `/api/session/${m.sid}/revert`, {}); }
+      catch (e) { clear(note).append(e.message); note.hidden = false; button.disabled = false; return; }
+      await reloadRegister();
+      location.hash = res.sid;
+    }}, "Revert");
+    return h("div", {class: "disposition revert"}, button,
+      h("p", {class: "hint"}, "Revert stages the undo of this commit as a new session, for review: nothing on disk changes until you commit it."), note);
   }
 
   async function rewind(n) {
@@ -329,6 +360,71 @@
     body.append(lines);
   }
 
+  /* -- the audit log: every consequential act, on the keyed chain, with its verify result ------------------- */
+  const AUDIT_OWN = new Set(["seq", "ts", "actor", "action", "sid", "target", "mac"]);
+  let auditFilters = {since: "", action: ""};
+
+  async function showAudit() {
+    current = null;
+    mark(null);
+    const q = new URLSearchParams();
+    if (auditFilters.since) q.set("since", auditFilters.since);
+    if (auditFilters.action) q.set("action", auditFilters.action);
+    let data;
+    try { data = await api("GET", `/api/audit?${q}`); }
+    catch (e) {
+      clear(paper).append(h("header", {class: "doc-head"}, h("h2", {}, "Audit log")), h("p", {class: "note error"}, e.message));
+      return;
+    }
+    if (location.hash !== "#audit") return;
+    renderAudit(data);
+  }
+
+  function verifyLine(v) {
+    if (v.error) return h("p", {class: "audit-verify bad", role: "status"}, `The chain cannot be checked: ${v.error}`);
+    const head = v.head || {};
+    const parts = [`${v.lines} line${v.lines === 1 ? "" : "s"}`, `head seq ${head.seq || 0}${head.hash ? ` (${short(head.hash)})` : ""}`];
+    return h("p", {class: `audit-verify ${v.ok ? "ok" : "bad"}`, role: "status"},
+      h("strong", {class: "audit-signed"}, v.signed ? "signed" : "UNSIGNED"), ` \u00b7 ${parts.join(" \u00b7 ")} \u00b7 `,
+      v.ok ? "the chain holds" : `BROKEN at line ${v.bad.line}${v.bad.seq !== null && v.bad.seq !== undefined ? ` (seq ${v.bad.seq})` : ""}: ${v.bad.why}`);
+  }
+
+  function auditDetails(r) {
+    const rest = Object.entries(r).filter(([k]) => !AUDIT_OWN.has(k));
+    return rest.length ? JSON.stringify(Object.fromEntries(rest)) : "";
+  }
+
+  function renderAudit(data) {
+    const v = data.verify || {};
+    const since = h("input", {type: "text", id: "audit-since", inputmode: "numeric", placeholder: "seq", value: auditFilters.since});
+    const action = h("input", {type: "text", id: "audit-action", placeholder: "e.g. session.commit or review", value: auditFilters.action});
+    const form = h("form", {class: "audit-filter", onsubmit: (e) => {
+      e.preventDefault();
+      auditFilters = {since: since.value.trim(), action: action.value.trim()};
+      showAudit();
+    }},
+      h("label", {for: "audit-since"}, "From seq"), since, h("label", {for: "audit-action"}, "Action"), action,
+      h("button", {class: "button small", type: "submit"}, "Show"));
+    const rows = data.records || [];
+    const table = h("table", {class: "ledger audit"},
+      h("thead", {}, h("tr", {}, h("th", {}, "Seq"), h("th", {}, "When"), h("th", {}, "Actor"), h("th", {}, "Action"),
+        h("th", {}, "Session"), h("th", {}, "Details"))),
+      h("tbody", {}, rows.map((r) => h("tr", {dataset: {seq: r.seq}},
+        h("td", {class: "hash"}, String(r.seq)),
+        h("td", {class: "cause"}, typeof r.ts === "number" ? when(r.ts) : String(r.ts || "")),
+        h("td", {class: "cause"}, String(r.actor || "")),
+        h("td", {class: "hash audit-action"}, String(r.action || "")),
+        h("td", {class: "cause"}, r.sid ? h("a", {href: `/console#${r.sid}`}, String(r.sid)) : "", r.target ? h("div", {class: "muted small mono"}, String(r.target)) : null),
+        h("td", {class: "cause audit-details mono"}, auditDetails(r), r.mac ? h("div", {class: "muted small"}, `mac ${short(r.mac)}`) : null)))));
+    clear(paper).append(
+      h("header", {class: "doc-head"}, h("h2", {}, "Audit log"),
+        h("span", {class: `pill ${v.ok ? "state-committed" : "state-pending"}`}, v.error ? "unreadable" : v.ok ? "verified" : "broken")),
+      verifyLine(v),
+      form,
+      data.more ? h("p", {class: "muted small"}, `Showing the newest ${rows.length} of ${data.total} matching lines; narrow with From seq.`) : null,
+      rows.length ? h("div", {class: "table-wrap"}, table) : h("p", {class: "muted"}, "No line matches."));
+  }
+
   /* -- wiring ----------------------------------------------------------------------------------------- */
   register.addEventListener("click", (e) => {
     const row = e.target.closest(".reg-row");
@@ -347,11 +443,13 @@
   $("blame-close").addEventListener("click", () => blame.close());
   window.addEventListener("hashchange", () => {
     const sid = location.hash.slice(1);
-    if (SID_RE.test(sid) && sid !== current) show(sid);
+    if (sid === "audit") showAudit();
+    else if (SID_RE.test(sid) && sid !== current) show(sid);
   });
 
   paper.setAttribute("tabindex", "-1");
   const first = location.hash.slice(1);
-  if (SID_RE.test(first)) show(first);
+  if (first === "audit") showAudit();
+  else if (SID_RE.test(first)) show(first);
   else if (rows().length) show(rows()[0].dataset.sid);
 })();

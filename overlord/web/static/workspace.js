@@ -3,7 +3,8 @@
 "use strict";
 
 (() => {
-  const {h, clear, api, markdown, kindBadge, fileDiff, delta, causeText, ago, stateLabel, metaNotes, privilegeText, SID_RE} = OV;
+  const {h, clear, api, markdown, kindBadge, fileDiff, delta, causeText, ago, stateLabel, metaNotes, privilegeText, SID_RE,
+         gateView, countersignPanel} = OV;
   const $ = (id) => document.getElementById(id);
   const app = $("app"), messages = $("messages"), welcome = $("welcome"), prompt = $("prompt");
   const OPEN = ["pending", "timed-out"];
@@ -374,10 +375,10 @@
     const sid = state.sid;
     const seq = ++inspectorSeq;
     if (!sid) {
-      for (const id of ["file-list", "diffs", "steps"]) clear($(id));
+      for (const id of ["file-list", "diffs", "steps", "gate", "countersign"]) clear($(id));
       state.session = null;
       $("inspector-empty").hidden = false;
-      $("steps-section").hidden = true;
+      for (const id of ["steps-section", "gate-section", "countersign-section"]) $(id).hidden = true;
       $("decide").hidden = true;
       $("session-state").hidden = true;
       setCount(0);
@@ -430,6 +431,12 @@
         h("span", {class: "step-what"}, causeText(p.cause)),
         h("span", {class: "step-paths"}, `${p.paths} path${p.paths === 1 ? "" : "s"}`)));
     }
+    /* before Commit: what the content gate says, and the second model's verdicts */
+    const reviewable = d.staged && changes.length > 0;
+    $("gate-section").hidden = !reviewable;
+    clear($("gate")).append(reviewable ? gateView(d.checks) : []);
+    $("countersign-section").hidden = !reviewable && !(d.reviews || []).length;
+    clear($("countersign")).append(countersignPanel(d, {where: "workspace", onChange: () => { if (state.sid === sid) refreshInspector(); }}));
     decidePanel(d);
   }
 
@@ -446,6 +453,7 @@
     decided.className = "decided";
     const open = d.staged;
     $("decide-row").hidden = !open;
+    $("countersigned-label").hidden = !open;
     $("confirm-discard").hidden = true;
     if (!open) $("refusal").hidden = true;
     decided.hidden = open;
@@ -472,6 +480,7 @@
     const body = {};
     if (opts.force) body.force = true;
     if (opts.allowPrivileged) body.allow_privileged_modes = true;
+    if ($("countersigned").checked) body.countersigned = true;
     try {
       await api("POST", `/api/session/${sid}/commit`, body);
     } catch (e) {
@@ -497,7 +506,12 @@
           refusal.append(h("span", {}, "These cannot be overridden: discard this conversation, or start again from the folder as it is now."));
         }
       } else {
-        refusal.append(h("span", {}, e.message));
+        refusal.append(h("span", {class: "refusal-line"}, e.message));
+        if (e.data.forceable) {
+          /* a fresh rejection by the second model: only a person's explicit override passes it */
+          refusal.append(h("div", {}, h("button", {class: "button danger small", type: "button",
+                                                   onclick: () => commit(Object.assign({}, opts, {force: true}))}, "Commit over the rejection")));
+        }
       }
       refusal.hidden = false;
       $("commit").disabled = false;
@@ -553,8 +567,74 @@
     $("settings-saved").textContent = "";
     clearErrors();
     fillProfile();
+    fillCountersign();
     if (!dialog.open) dialog.showModal();
     loadModels();
+    loadCsModels();
+  }
+
+  /* -- Settings -> Countersignature: the second model ----------------------------------------------- */
+  function fillCountersign() {
+    const cs = edit.data.countersign || {};
+    const sel = clear($("cs-provider"));
+    sel.append(h("option", {value: ""}, "none (no second model yet)"));
+    for (const p of edit.data.providers) sel.append(h("option", {value: p}, edit.data.labels[p]));
+    sel.value = cs.provider || "";
+    $("cs-base-url").value = cs.base_url || "";
+    $("cs-headers").value = headerText(cs.headers);
+    $("cs-key").value = "";
+    csProviderShown(cs.model);
+  }
+
+  function csProviderShown(model) {
+    const provider = $("cs-provider").value, demo = provider === edit.data.demo;
+    for (const el of dialog.querySelectorAll(".cs-only")) el.hidden = !provider;
+    for (const el of dialog.querySelectorAll(".cs-remote")) el.hidden = !provider || demo;
+    $("cs-demo-note").hidden = !demo;
+    const src = edit.data.keys[provider];
+    $("cs-key-status").textContent = !provider ? "" : src === "env" ? "A key comes from the environment."
+      : src === "store" ? "A key for this provider is stored (mode 600); the agent's profile shares it. Type a new one to replace it."
+      : !edit.data.needs_key.includes(provider) ? "Optional for compatible endpoints." : "No key stored for this provider yet.";
+    csModelOptions(edit.models[`cs:${provider}`] || [], model);
+    $("cs-model-typed").value = "";
+  }
+
+  function csModelOptions(list, current) {
+    const sel = clear($("cs-model"));
+    sel.append(h("option", {value: ""}, list.length ? "choose a model" : "(no list loaded)"));
+    for (const m of list) sel.append(h("option", {value: m.id}, m.name && m.name !== m.id ? `${m.name} (${m.id})` : m.id));
+    if (current && !list.some((m) => m.id === current)) sel.append(h("option", {value: current}, `${current} (saved)`));
+    sel.value = current || (list.length === 1 ? list[0].id : "");
+  }
+
+  async function loadCsModels() {
+    const provider = $("cs-provider").value;
+    const status = $("cs-model-status");
+    status.textContent = "";
+    if (!provider) return;
+    status.textContent = "Loading the endpoint's models\u2026";
+    const q = new URLSearchParams({provider, role: "countersign"});
+    const base = $("cs-base-url").value.trim();
+    if (base && provider !== edit.data.demo) q.set("base_url", base);
+    try {
+      const res = await api("GET", `/api/models?${q}`);
+      if (provider !== $("cs-provider").value) return;
+      edit.models[`cs:${provider}`] = res.models;
+      csModelOptions(res.models, $("cs-model-typed").value.trim() || $("cs-model").value ||
+                     ((edit.data.countersign || {}).provider === provider ? edit.data.countersign.model : ""));
+      status.textContent = `${res.models.length} model${res.models.length === 1 ? "" : "s"} served right now.`;
+    } catch (e) {
+      if (provider !== $("cs-provider").value) return;
+      status.textContent = `The list could not be loaded: ${e.message}. You can type a model id.`;
+    }
+  }
+
+  function collectCountersign() {
+    const provider = $("cs-provider").value;
+    if (!provider) return {provider: ""};
+    return {provider, model: $("cs-model-typed").value.trim() || $("cs-model").value,
+            base_url: provider === edit.data.demo ? "" : $("cs-base-url").value.trim(),
+            headers: provider === edit.data.demo ? {} : $("cs-headers").value};
   }
 
   function fillProfile() {
@@ -648,7 +728,9 @@
                      api_key: "s-key", system: "s-system", folder: "s-folder", jail: "s-jail", net: "s-net",
                      max_tokens: "s-max-tokens", temperature: "s-temperature", top_p: "s-top-p",
                      effort: "s-effort", thinking: "s-thinking", api: "s-api", stop: "s-stop",
-                     stream: "s-stream", fallbacks: "s-fallbacks", azure_api_version: "s-azure-version"};
+                     stream: "s-stream", fallbacks: "s-fallbacks", azure_api_version: "s-azure-version",
+                     cs_provider: "cs-provider", cs_model: "cs-model", cs_base_url: "cs-base-url",
+                     cs_headers: "cs-headers", cs_api_key: "cs-key"};
 
   function fieldError(field, message) {
     const slot = dialog.querySelector(`.field-error[data-for="${field}"]`) ||
@@ -672,9 +754,12 @@
       }
       edit.provider = current;
       const body = {provider: current, profile: edit.profiles[current], folder: $("s-folder").value,
-                    sandbox: {jail: $("s-jail").checked, net: $("s-net").value}};
+                    sandbox: {jail: $("s-jail").checked, net: $("s-net").value},
+                    countersign: collectCountersign()};
       const key = $("s-key").value.trim();
       if (key) body.api_key = key;
+      const csKey = $("cs-key").value.trim();
+      if (csKey) body.countersign_key = csKey;
       edit.data = await api("PUT", "/api/settings", body);
       edit.dirty.clear();
       edit.profiles = JSON.parse(JSON.stringify(edit.data.profiles));
@@ -735,6 +820,9 @@
     loadModels();
   });
   $("s-base-url").addEventListener("change", loadModels);
+  $("cs-provider").addEventListener("change", () => { csProviderShown(""); loadCsModels(); });
+  $("cs-base-url").addEventListener("change", loadCsModels);
+  $("cs-refresh").addEventListener("click", loadCsModels);
   for (const id of ["s-model", "s-model-typed"]) {
     $(id).addEventListener("input", () => {           /* a model chosen: the "no model" note goes */
       $("settings-saved").textContent = "";
