@@ -8,7 +8,7 @@ from overlord.text import jsonable
 
 def add_parsers(sub):
     """Register this module's subcommands on the main parser's subparsers."""
-    p = sub.add_parser("policy", help="the folder policy: show the effective rule, check or set the file",
+    p = sub.add_parser("policy", help="per-folder policy: show the effective rule, check or set it",
                        description="OVERLORD_HOME/policy.json: what sessions on a folder may be "
                        "granted (jail, net, timeout, limits) and what a commit to it must satisfy "
                        "(allow_force, require_review, protect, checks). docs/POLICY.md has the keys.")
