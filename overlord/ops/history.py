@@ -12,6 +12,10 @@ from overlord.ops.review import _require_layers, get_session
 from overlord.trust import audit
 
 
+FORK_DROPS = ("rewinds", "limit", "exit_code", "flat", "reviews", "clearance", "opened_seq",
+              "attestation")
+
+
 # -- history ------------------------------------------------------------------------------------
 
 def _open_session(sid, what):
@@ -59,7 +63,9 @@ def fork(sid, at):
         store.append_jsonl(os.path.join(newdir, "provenance.jsonl"),
                            history.fork_records(session, at))
         agent_transcript.copy_for_fork(session.dir, newdir, at, sid)
-        meta = {k: v for k, v in session.meta.items() if k not in ("rewinds", "limit", "exit_code", "flat")}
+        # a fork carries the stack, not the other session's acts: its verdicts bind that
+        # session, and its first command attests (and audits the opening of) the fork itself
+        meta = {k: v for k, v in session.meta.items() if k not in FORK_DROPS}
         meta.update(sid=new, state="pending", created=time.time(), layers=session.meta["layers"][:at + 1],
                     forked_from={"sid": sid, "at": at}, pid=None)
         store.save_meta(meta)

@@ -79,3 +79,22 @@ def test_a_bad_key_refuses_the_act_and_names_the_file(ovl, home, target):
     assert (target / "hello.txt").read_text() == before
     err = ovl("run", "-t", target, "--stack", "--", "true", check=1).err
     assert str(key) in err
+
+
+def test_a_fork_carries_no_verdict_and_attests_its_own_first_command(ovl, home, target, tmp_path):
+    sid, _ = ovl.sh(target, "echo one > hello.txt")
+    script = tmp_path / "approve.json"
+    script.write_text(json.dumps({"model": "reviewer-1", "turns": [
+        {"tool_calls": [{"name": "approve", "input": {"reason": "fine"}}]}]}))
+    ovl("review", sid, "--provider", "scripted", "--script", script, check=0)
+    fork = SESSION_RE.search(ovl("fork", sid, "--at", "0", check=0).out).group(1)
+    meta = json.loads((home / "sessions" / fork / "meta.json").read_text())
+    assert "reviews" not in meta and "attestation" not in meta
+    ovl("rollback", sid, check=0)
+    err = ovl("commit", fork, "--countersigned", check=1).err
+    assert "none on record" in err
+    ovl("exec", fork, "--", "true", check=0)
+    assert acts(home, fork) == [("session.fork", fork), ("session.commit_refused", fork),
+                                ("session.open", fork)]
+    line = [x for x in chain(home) if x.get("sid") == fork][-1]
+    assert line["attestation"]["backend"] == ovl.backend
