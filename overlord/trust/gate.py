@@ -95,6 +95,8 @@ _SHAPES = tuple((mark, label, re.compile(rx), shown, rnd) for mark, label, rx, s
      _EDGE + rb"eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}", 3, False),
 ))
 
+_MARKS_RX = re.compile(b"|".join(re.escape(mark) for mark, *_ in _SHAPES))
+
 _PEM_RX = re.compile(rb"-----BEGIN ((?:[A-Z0-9]+ ){0,3})PRIVATE KEY( BLOCK)?-----"
                      rb"[\s\S]{0,400}?[A-Za-z0-9+/]{40,}")
 
@@ -287,14 +289,16 @@ def _read_head(path, n, real=False):
     try:
         if real and not stat.S_ISREG(os.fstat(fd).st_mode):
             return b""             # (a sealed layer's entry is a regular file: no fstat)
-        chunks, left = [], n
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        data = os.read(fd, n)
+        if 0 < len(data) < n:      # a short read: go on to n or the end
+            chunks = [data]
+            while n - len(data) > 0:
+                chunk = os.read(fd, n - len(data))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                data = b"".join(chunks)
+        return data
     finally:
         os.close(fd)
 
@@ -337,7 +341,7 @@ def _secrets(data, lines=True):
     while at >= 0:
         end = runs.find(b" ", at)
         end = len(data) if end < 0 else end
-        if not _inside(at, hits):
+        if not (hits and _inside(at, hits)):
             hits.extend(_in_run(data, at, end))
         at = runs.find(_RUN, end)
     if not hits:
@@ -359,8 +363,11 @@ def _inside(offset, hits):
 def _in_run(data, at, end):
     """The secrets of one run of RUN_CHARS, data[at:end]: key shapes inside it, else a
     high-entropy value assigned to a secret-like name that the run begins."""
-    run = data[at:end]
     out = []
+    if _MARKS_RX.search(data, at, end) is None:
+        hit = _assignment(data, at)
+        return [hit] if hit is not None else []
+    run = data[at:end]
     for mark, label, rx, shown, random_body in _SHAPES:
         if mark not in run:
             continue
@@ -368,7 +375,7 @@ def _in_run(data, at, end):
             raw = m.group(0)
             if random_body and not looks_random(raw[shown:]):
                 continue
-            if not _inside(m.start(), out):
+            if not (out and _inside(m.start(), out)):
                 out.append((m.start(), f"{label} {raw[:shown].decode('ascii')}…({len(raw)} chars)",
                             raw))
     if out:
