@@ -7,18 +7,14 @@ import os
 import random
 import secrets
 import string
-import sys
 
 import pytest
 
-from conftest import REPO, tree
-
-sys.path.insert(0, REPO)
-
-from overlord.errors import OverlordError  # noqa: E402
-from overlord.trust import gate  # noqa: E402
-from overlord.txn import changes as C  # noqa: E402
-from overlord.txn import layers as L  # noqa: E402
+from conftest import tree
+from overlord.errors import OverlordError
+from overlord.trust import gate
+from overlord.txn import changes as C
+from overlord.txn import layers as L
 
 ALNUM = string.ascii_letters + string.digits
 UPPER = string.ascii_uppercase + string.digits
