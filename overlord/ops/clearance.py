@@ -49,7 +49,7 @@ def clear(session, plan, *, force=False, countersigned=False):
         raise Conflict(f"commit refused: the content gate blocks {_finding(blocking[0])}"
                        f"{_more(blocking)} (policy checks.{blocking[0].kind}: block, "
                        f"from {rule.source('checks.' + blocking[0].kind)})")
-    shielded = protect.protected(target, [ch.path for ch in plan], rule["protect"])
+    shielded = protect.protected(target, plan, rule["protect"])    # a removed dir counts too
     if force and not rule["allow_force"]:
         raise Conflict(f"commit refused: policy forbids --force here (allow_force: false, from "
                        f"{rule.source('allow_force')})")

@@ -25,7 +25,7 @@ import stat
 from overlord.errors import OverlordError, UsageError
 from overlord.sandbox import limits as grant_limits
 from overlord.text import escape_path
-from overlord.trust import audit
+from overlord.trust import audit, protect
 from overlord.txn import store
 
 FILE, SEEN = "policy.json", "policy.seen"
@@ -80,6 +80,11 @@ def _globs(value):
         raise Bad(f" must be a list of glob strings, not {_shown(value)}")
     if any(g.startswith("/") for g in value):
         raise Bad(" must hold globs relative to the target (no leading /)")
+    for glob in value:
+        try:
+            protect.check_glob(glob)
+        except ValueError as exc:
+            raise Bad(f": {exc}") from None
     return list(value)
 
 

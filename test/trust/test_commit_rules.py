@@ -122,6 +122,18 @@ def test_protected_paths_need_approval_and_never_force(ovl, home, target, tmp_pa
     assert (target / "sub" / "a.txt").read_text() == "x\n"
 
 
+def test_removing_the_directory_that_holds_a_protected_path_needs_approval(one, home, target):
+    policy(home, {"protect": ["sub/a.txt"]})
+    sid, _ = one.sh(target, "rm -r sub")
+    refused(one, target, sid, says="the protected path sub needs a fresh")
+
+
+def test_a_glob_policy_cannot_read_is_refused(one, home, target):
+    policy(home, {"protect": ["[z-a]"]})
+    sid, _ = one.sh(target, "echo y > hello.txt", check=1)
+    assert sid is None
+
+
 def test_unprotected_change_commits_as_before(one, home, target):
     policy(home, {"protect": ["sub/**"]})
     sid, _ = one.sh(target, "echo y > hello.txt")
