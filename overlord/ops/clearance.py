@@ -21,6 +21,16 @@ class Clearance:
     fingerprint: str = None       # of the plan, when a verdict or a rule needed it
     approval: dict = None         # the fresh, complete approval that countersigns
     rejection: dict = None        # a fresh rejection --force overrode
+    needs: list = dataclasses.field(default_factory=list)   # why an approval was needed
+
+    def refuse_merge(self, merged):
+        """A merge lands bytes no reviewer saw: never under a required approval."""
+        if merged and self.needs:
+            raise Conflict(f"commit refused: {self.needs[0]} needs an approval of exactly what "
+                           f"lands, and --merge would land a three-way merge of "
+                           f"{escape_path(sorted(merged)[0])}{_more(sorted(merged))} that no "
+                           "reviewer saw; commit without --merge, or review after the outside "
+                           "change")
 
     def record(self):
         """What the audit act and the session record carry about the clearance."""
@@ -66,15 +76,16 @@ def clear(session, plan, *, force=False, countersigned=False):
     second = [f for f in findings if f.severity == "countersign"]
     if second:
         needs.append(f"the content gate's {_finding(second[0])}{_more(second)}")
-    clearance = Clearance(rule, findings, shielded)
+    clearance = Clearance(rule, findings, shielded, needs=needs)
     if not needs and not session.meta.get("reviews"):
         return clearance          # nothing to bind: no fingerprint to compute
     clearance.fingerprint = verdict.fingerprint_plan(target, plan)
     held = standing(session, clearance.fingerprint)
     if needs and held.approval is None:
+        why = ("the approval on record is not the one the audit chain signed (the record was "
+               "edited)" if held.unsigned else _why_none(session, clearance.fingerprint))
         raise Conflict(f"commit refused: {needs[0]} needs a fresh, complete second-model "
-                       f"approval ({_why_none(session, clearance.fingerprint)}); "
-                       f"run `overlord review {session.sid}`")
+                       f"approval ({why}); run `overlord review {session.sid}`")
     if held.rejection is not None:
         if not force:
             raise Conflict(f"commit refused: the second model rejected this change (review "

@@ -40,11 +40,30 @@ LOCK = "review.lock"
 class Standing:
     approval: dict = None         # the newest fresh approval on a complete view: countersigns
     rejection: dict = None        # the newest fresh rejection: blocks a commit unless --force
+    unsigned: dict = None         # an approval on record that its signed line does not bear out
 
 
 def standing(session, fingerprint):
-    """What the session's verdicts say about committing the plan with this fingerprint."""
-    return Standing(*V.standing(session.meta.get("reviews"), fingerprint))
+    """What the session's verdicts say about committing the plan with this fingerprint. An
+    approval counts only when the audit chain carries its review.verdict line, signed, saying
+    the same (session, number, verdict, fingerprint, complete view, selection)."""
+    approval, rejection = V.standing(session.meta.get("reviews"), fingerprint)
+    if approval is not None and not _on_chain(session.sid, approval):
+        return Standing(None, rejection, unsigned=approval)
+    return Standing(approval, rejection)
+
+
+def _on_chain(sid, verdict):
+    where = verdict.get("audit") or {}
+    try:
+        line = audit.attested(where.get("seq"), where.get("offset"))
+    except OverlordError:
+        return False
+    return (line.get("action") == "review.verdict" and line.get("sid") == sid
+            and line.get("n") == verdict.get("n") and line.get("verdict") == verdict.get("verdict")
+            and line.get("fingerprint") == verdict.get("fingerprint")
+            and line.get("partial") is False
+            and V.canonical(line.get("selection")) == V.canonical(verdict.get("selection")))
 
 
 def reviews(sid):
@@ -128,13 +147,17 @@ def review(sid, *, provider=None, model=None, base_url=None, headers=None, knobs
                            selection, dossier.unseen, outcome.read, reviewer, agent,
                            reviewer == agent, outcome.turns)
         record("verdict", verdict=verdict, usage=outcome.usage)
+        # on the chain first: the session's record of a verdict counts only with its signed
+        # line (standing() reads that line back), so an edit of meta.json countersigns nothing
+        line, offset = audit.append_located(
+            "review.verdict", sid=sid, target=target, n=number, verdict=verdict["verdict"],
+            fingerprint=fingerprint, partial=verdict["partial"], reviewer=reviewer,
+            same_model=verdict["same_model"], agent=agent, selection=selection)
+        verdict["audit"] = {"seq": line["seq"], "offset": offset}
         with locks.TargetLock(target, wait=True):
             fresh = Session.load(sid)
             fresh.meta.setdefault("reviews", []).append(verdict)
             fresh.save()
-    audit.append("review.verdict", sid=sid, target=target, n=number, verdict=verdict["verdict"],
-                 fingerprint=fingerprint, partial=verdict["partial"], reviewer=reviewer,
-                 same_model=verdict["same_model"], agent=agent, selection=selection)
     return verdict
 
 

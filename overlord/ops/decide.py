@@ -81,6 +81,7 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
             hard = [d for d in drifts if not d.forceable]
             K.refuse_if_drift(hard, force=False)
             merged = K.three_way(session, drifts, view)
+            cleared.refuse_merge(merged)
             drifts = []
         K.refuse_if_drift(drifts, force, merge_base=session.meta.get("merge_base"))
         session.drop_flat()          # its hard links would keep files from moving into place

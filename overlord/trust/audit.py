@@ -159,9 +159,11 @@ def _open_log(path, create):
     return None if opened is None else opened[0]
 
 
-def _open_owned(path, flags, error, mask, verb):
-    """(fd, stat) of a regular file of the caller's with no `mask` mode bits, never through a
-    symlink; None when it does not exist; else error(path, what) is raised."""
+def _open_owned(path, flags, error, mask, verb, fix="it must be 0600", root_ok=False):
+    """(fd, stat) of a regular file of the caller's (root_ok: or root's) with no `mask` mode
+    bits, never through a symlink, opened non-blocking (a FIFO planted there cannot hang the
+    caller); None when it does not exist; else error(path, what) is raised, `fix` saying
+    what to do about a mode."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     except FileNotFoundError:
@@ -173,12 +175,13 @@ def _open_owned(path, flags, error, mask, verb):
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise error(path, "is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise error(path, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
+            raise error(path, "not a regular file")
+        if st.st_uid != os.geteuid() and not (root_ok and st.st_uid == 0):
+            raise error(path, f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+                        + (" or root" if root_ok else ""))
         if st.st_mode & mask:
             raise error(path, f"is mode {stat.S_IMODE(st.st_mode):04o}: group/other may "
-                        f"{verb} it (it must be 0600)")
+                        f"{verb} it ({fix})")
     except BaseException:
         os.close(fd)
         raise
@@ -268,6 +271,13 @@ def _clean(value):
 
 def append(action, *, sid=None, target=None, actor=None, **details):
     """Write one line for `action` and return it (with its seq and mac)."""
+    return append_located(action, sid=sid, target=target, actor=actor, **details)[0]
+
+
+def append_located(action, *, sid=None, target=None, actor=None, **details):
+    """append(), and the byte offset its line starts at: a record that must later prove an
+    act is on the chain (a verdict that countersigns) keeps {seq, offset} and attested()
+    reads that one line back in O(1)."""
     if action not in ACTIONS or not ACTION_RE.match(action):
         raise ValueError(f"unknown audit action {action!r} (add it to overlord.trust.audit.ACTIONS)")
     for k in details:
@@ -319,7 +329,57 @@ def append(action, *, sid=None, target=None, actor=None, **details):
         os.close(fd)                                # releases the lock
     entry["mac"] = mac
     _after_append(entry)
+    return entry, size
+
+
+def attested(seq, offset):
+    """The entry at `offset` when it is the signed line `seq` of the chain: its mac verifies
+    under the key over the line before it. Else OverlordError saying why. Reads two lines."""
+    path, where = log_path(), f"the audit chain has no signed line {seq} at byte {offset}"
+    key = load_key()
+    if key is None or type(seq) is not int or type(offset) is not int or offset < 0:
+        raise OverlordError(where)
+    opened = _open_owned(path, os.O_RDONLY, _log_error, 0o022, "write")
+    if opened is None:
+        raise OverlordError(where)
+    fd = opened[0]
+    try:
+        raw = _line_at(fd, offset)
+        prev = b""
+        if offset > 0:
+            before = os.pread(fd, min(offset, 1 << 16), max(0, offset - (1 << 16)))
+            if not before.endswith(b"\n"):
+                raise OverlordError(where)
+            start = before.rfind(b"\n", 0, len(before) - 1) + 1
+            prev = _mac_field(before[start:-1])
+    finally:
+        os.close(fd)
+    mac = _mac_field(raw)
+    canonical = raw[:-(len(MAC_SUFFIX) + 64 + 2)] + b"}"
+    if not mac or (offset > 0 and not prev) or \
+            not hmac.compare_digest(mac_of(key, prev.decode("ascii"), canonical), mac.decode("ascii")):
+        raise OverlordError(where)
+    entry = json.loads(raw)
+    if entry.get("seq") != seq:
+        raise OverlordError(where)
     return entry
+
+
+def _line_at(fd, offset, cap=1 << 20):
+    data = os.pread(fd, cap, offset)
+    end = data.find(b"\n")
+    if end < 0:
+        raise OverlordError(f"the audit chain has no complete line at byte {offset}")
+    return data[:end]
+
+
+def _mac_field(line):
+    """The hex mac a signed line ends with, as bytes; b"" when it has none."""
+    tail = line[-(len(MAC_SUFFIX) + 64 + 2):]
+    if not (tail.startswith(MAC_SUFFIX) and tail.endswith(b'"}')):
+        return b""
+    mac = tail[len(MAC_SUFFIX):-2]
+    return mac if _is_hex64(mac.decode("ascii", "replace")) else b""
 
 
 def _after_append(entry):

@@ -1,9 +1,11 @@
 """Protected paths: the changes that need a fresh, complete countersignature to commit and are
 refused `--force` outright.
 
-A path is protected when it matches one of the policy rule's `protect` globs, or, when the
-target is OVERLORD's own checkout, `overlord/**` (the harness's own modules: an agent that
-edits the code containing it must not approve itself into it).
+A path is protected when it matches one of the policy rule's `protect` globs, or when it is
+OVERLORD's own code: `overlord/**` when the target is a checkout, `D/overlord/**` for a
+checkout D below the target, everything when the target is the package itself or lies inside
+the running one (the harness's own modules: an agent that edits the code containing it must
+not approve itself into it).
 
 Glob semantics (every pattern is relative to the target and anchored at its root):
   *      any run of characters within one path component (never `/`); it matches a leading
@@ -29,27 +31,68 @@ import overlord
 OWN_GLOB = "overlord/**"
 
 
+MARKERS = ("ops/__init__.py", "sandbox/jail.py", "agent/loop.py")   # what makes a package ours
+
+
+def _package():
+    return os.path.dirname(os.path.realpath(overlord.__file__))
+
+
+def _is_package(path):
+    return all(os.path.isfile(os.path.join(path, p)) for p in MARKERS)
+
+
 def own_source(target):
     """Whether the working folder is OVERLORD's source: this checkout, or another one."""
-    here = os.path.dirname(os.path.dirname(os.path.realpath(overlord.__file__)))
-    return os.path.realpath(target) == here or all(
-        os.path.isfile(os.path.join(target, "overlord", p))
-        for p in ("ops/__init__.py", "sandbox/jail.py", "agent/loop.py"))
+    here = os.path.dirname(_package())
+    return os.path.realpath(target) == here or _is_package(os.path.join(target, "overlord"))
 
 
-def effective_globs(target, globs):
-    """The rule's globs plus `overlord/**` on OVERLORD's own checkout."""
+def effective_globs(target, globs, paths=()):
+    """The rule's globs plus OVERLORD's own code wherever the target holds it: `overlord/**` on
+    a checkout; everything when the target is the package itself or lies inside the running
+    one; the package of a checkout below the target (a workspace holding one) that a changed
+    path lies in, or that a removed directory held. paths: the changed paths (or Changes)."""
     out = list(globs or ())
-    if own_source(target) and OWN_GLOB not in out:
+    real = os.path.realpath(target)
+    package = _package()
+    if _is_package(target) or _inside(real, package):
+        return out + ["**"]
+    if _inside(package, real):
+        out.append(os.path.relpath(package, real) + "/**")
+    if own_source(target):
         out.append(OWN_GLOB)
-    return out
+    for root in _checkouts_below(target, paths):
+        out.append(root + "/" + OWN_GLOB)
+    return list(dict.fromkeys(out))
+
+
+def _inside(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _checkouts_below(target, paths):
+    """Every directory D below the target, D an ancestor of (or equal to) a changed path,
+    whose real D/overlord is an OVERLORD package. Each candidate is looked at once."""
+    seen, found = {}, []
+    for item in paths:
+        comps = getattr(item, "path", item).split("/")
+        for i in range(1, len(comps) + 1):
+            root = "/".join(comps[:i])
+            if root in seen:
+                continue
+            seen[root] = hit = _is_package(os.path.join(target, root, "overlord"))
+            if hit:
+                found.append(root)
+    return found
 
 
 def protected(target, paths, globs):
     """Sorted [path] of `paths` that are protected (see the module's doc). Each item is a path
     relative to the target or a Change (overlord/txn/changes.py): for a Change that deletes
     or replaces a directory, what the real tree holds below it is matched too."""
-    rx = compile_globs(effective_globs(target, globs))
+    paths = list(paths)
+    rx = compile_globs(effective_globs(target, globs, paths))
     if rx is None:
         return []
     out = set()

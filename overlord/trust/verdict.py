@@ -1,11 +1,12 @@
 """The second model's verdicts, bound to exactly what it reviewed.
 
 A verdict carries the fingerprint of the plan the reviewer was shown: sha256 over the sorted
-rows [kind, path, before, after, details] of every change, where before is the content hash
+rows [kind, path, before, after, details, xattrs] of every change, where before is the content hash
 (overlord.txn.changes.content_hash) of the real side, after that of the session's side
 (change.entry.src), None for directories and whiteouts, and details the change's facts
-(types, link, mode, owner, xattrs) as canonical JSON -- so a mode, owner or xattr change made
-after the review makes it stale too. A rewind, an exec that writes, a resume, or committing
+(types, link, mode, owner, xattrs) as canonical JSON and xattrs a digest of the session side's
+extended attributes, names and values -- so a mode, owner or xattr change made after the
+review makes it stale too. A rewind, an exec that writes, a resume, or committing
 another selection (--only/--drop) gives another plan and so another fingerprint.
 
 A verdict as session.meta["reviews"] keeps it (oldest first):
@@ -42,14 +43,28 @@ def canonical(value):
 
 
 def rows(target, plan):
-    """[[kind, path, before, after, details-json]] of a plan, in plan order."""
+    """[[kind, path, before, after, details-json, xattrs-digest]] of a plan, in plan order."""
     sealed = _SealedHashes()
     out = []
     for ch in plan:
         before = C.content_hash(C.real_path(target, ch.path), ch.real) if ch.real is not None else None
         after = sealed.get(ch.entry) if ch.entry.src else None
-        out.append([ch.kind, ch.path, before, after, canonical(ch.details)])
+        out.append([ch.kind, ch.path, before, after, canonical(ch.details),
+                    _xattr_digest(ch.entry.xattrs)])
     return out
+
+
+def _xattr_digest(values):
+    """sha256 of the session side's xattrs, names and values: details names what changed,
+    this binds what it changed to (an ACL rewritten after the review is another plan)."""
+    if not values:
+        return None
+    h = hashlib.sha256()
+    for name in sorted(values):
+        value = values[name]
+        h.update(b"%d:%s%d:" % (len(name), name.encode("utf-8", "surrogateescape"), len(value)))
+        h.update(value)
+    return h.hexdigest()
 
 
 def fingerprint_rows(plan_rows):

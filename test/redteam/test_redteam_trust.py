@@ -126,8 +126,6 @@ def _fake_checkout(root):
         path.write_text("x = 1\n")
 
 
-@hole("own_source only knows a target that IS a checkout: a target that contains one (a "
-      "workspace) or is its package directory edits OVERLORD's code with no approval")
 @pytest.mark.parametrize("where", ["parent", "package"])
 def test_overlords_own_code_is_protected_from_above_and_below(ovl, tmp_path, where):
     ws = tmp_path / "ws"
@@ -169,8 +167,6 @@ def test_an_exec_after_the_approval_makes_it_stale(ovl, target, tmp_path, approv
     assert tree(target) == before
 
 
-@hole("the fingerprint's details name a changed xattr but not its value: an exec that "
-      "rewrites an xattr (an ACL, a label) after the approval keeps it fresh and lands")
 def test_an_xattr_value_rewritten_after_the_approval_makes_it_stale(ovl, target, tmp_path, approved):
     ovl("exec", approved, "--", "python3", "-c",
         "import os; os.setxattr('secrets/k', 'user.x', b'bbb')", check=0)
@@ -186,9 +182,6 @@ def test_a_fork_carries_no_verdict(ovl, target, tmp_path, approved):
     assert not (target / "secrets").exists()
 
 
-@hole("clearance trusts session.meta['reviews'] as written: a verdict flipped on meta.json "
-      "(the chain says reject) countersigns, and the signed session.commit then names a "
-      "countersignature no review.verdict act gave; require the matching review.verdict line")
 def test_a_verdict_edited_on_the_record_does_not_countersign(ovl, target, tmp_path):
     set_policy(ovl, tmp_path, {"default": {"protect": ["secrets/**"]}})
     sid, _ = ovl.sh(target, "mkdir secrets && echo k > secrets/k")
@@ -201,9 +194,6 @@ def test_a_verdict_edited_on_the_record_does_not_countersign(ovl, target, tmp_pa
     assert not (target / "secrets").exists()
 
 
-@hole("commit --merge lands a three-way merge no reviewer saw (the fingerprint and the gate "
-      "cover the session's side only) under a countersignature; bind the merged bytes or "
-      "refuse --merge where an approval is needed")
 def test_a_merge_does_not_land_what_the_reviewer_never_saw(ovl, target, tmp_path):
     require_tool("git")
     f = target / "f.txt"
