@@ -6,7 +6,11 @@ It has exactly three tools and never runs anything:
                               path outside the target -- by `..`, an absolute path, or a
                               symlink anywhere in the view, planted or not -- is refused;
                               symlinks are resolved inside the view, never by the OS; long
-                              files come in pages of READ_PAGE bytes (offset: the next page)
+                              files come in pages of READ_PAGE bytes (offset: the next page);
+                              every secret the content gate's rules find is masked
+                              (gate.mask: `AKIA…(20 chars, masked)`), the page widened to
+                              take in a secret across its edges, and a masked page still
+                              counts as read (docs/GATE.md)
   approve {reason}
   reject {reason, paths}
 Only a call to approve or reject is a verdict: words in a reply are not, and a reply that
@@ -29,6 +33,7 @@ import time
 from overlord.agent import transcript as T
 from overlord.agent.providers.base import ProviderError
 from overlord.text import escape_block, escape_path
+from overlord.trust import gate
 from overlord.txn import changes as C
 from overlord.txn import layers as L
 from overlord.txn import store
@@ -235,8 +240,8 @@ class View:
         return rel, self.lookup(rel)
 
     def read(self, path, offset=0, page=READ_PAGE):
-        """(rel, bytes, size, start, end) of one page of a regular file, or (rel, listing str)
-        for a directory."""
+        """(rel, bytes, size, start, end) of one page of a regular file, its secrets masked
+        (start and end moved out to whole secrets), or (rel, listing str) for a directory."""
         rel, node = self.resolve(path)
         kind = self.kind(node)
         if kind == "dir":
@@ -251,15 +256,18 @@ class View:
                 raise Refused(f"{escape_path(rel)} is not a regular file")
             size = st.st_size
             start = min(max(offset, 0), size)
-            data = os.pread(fd, page + 4, start)
+            lo = max(start - gate.MASK_CONTEXT, 0)       # context for the secrets at the edges
+            window = os.pread(fd, start - lo + page + 4 + gate.MASK_CONTEXT, lo)
         finally:
             os.close(fd)
-        if len(data) > page:             # end the page on a character boundary
-            end = page
-            while end > page - 4 and end < len(data) and (data[end] & 0xC0) == 0x80:
+        first, end = start - lo, start - lo + page
+        if len(window) > end:            # end the page on a character boundary
+            while end > first + page - 4 and (window[end] & 0xC0) == 0x80:
                 end -= 1
-            data = data[:end]
-        return rel, data, size, start, start + len(data)
+        else:
+            end = len(window)
+        data, first, end = gate.mask(window, first, end)
+        return rel, data, size, lo + first, lo + end
 
     def _open_file(self, rel, node):
         where, x = node
@@ -415,7 +423,12 @@ class Review:
                         input=call.input, is_error=is_error, content=content)
 
     def _read(self, args):
-        """(content, is_error) for one read_file."""
+        """(content, is_error) for one read_file, every secret in it masked (a path, a link's
+        target in a refusal, a listing: the page itself is masked by View.read)."""
+        content, is_error = self._serve(args)
+        return gate.redact(content), is_error
+
+    def _serve(self, args):
         path, offset = args.get("path"), args.get("offset", 0)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             return "read_file: offset must be a non-negative integer", True

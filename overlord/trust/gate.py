@@ -3,14 +3,18 @@ kind. `commit` runs it (block refuses, countersign needs a fresh complete approv
 shows it, the review dossier includes it. docs/GATE.md describes the rules for people.
 
 Only the session's side is read: the layer's copy (`change.entry.src`) of every added or
-modified regular file, never through a symlink. The real tree is read only for the before
-side of a modified file that holds a secret finding, so a secret the file already held is
-not blamed on the session (a finding is dropped when its matched bytes were already in the
-file). Kinds:
+modified regular file, never through a symlink, the target text of every added or modified
+symlink, and the name of every added path. The real tree is read only for the before
+side of a modified file or link that holds a secret finding, so a secret the file already
+held is not blamed on the session (a finding is dropped when its matched bytes were already
+in the file). Kinds:
 
   secrets       private key blocks, cloud and model-provider key shapes, and high-entropy
-                values assigned to key/secret/token/password-like names (SECRETS_SCAN_MIB per
-                file at most: a longer file is scanned in its head and a warning says so)
+                values assigned to key/secret/token/password-like names, in file contents,
+                symlink targets and added names. A file is scanned whole, in chunks of
+                SECRETS_CHUNK_MIB overlapping by SECRETS_OVERLAP, up to SECRETS_SCAN_MIB; the
+                unscanned rest of a longer file is a finding with the secrets severity (a
+                file the gate could not read whole never passes a laxer rule than one it could)
   binaries      a file with a NUL byte in its first 8 KiB, or whose first 8 KiB is not UTF-8
                 and holds control bytes (path only)
   dependencies  a change (added, modified, deleted, type changed) to a dependency manifest,
@@ -18,7 +22,12 @@ file). Kinds:
   size          a file over checks["size_mb"] MiB (always a warning)
 
 A Finding's `what` never holds a secret's value: at most the well-known prefix of its shape
-(`AKIA`, `ghp_`, `sk-ant-`) and its length; for an assignment, the name it is assigned to.
+(`AKIA`, `ghp_`, `sk-ant-`) and its length; for an assignment, the name it is assigned to. A
+Finding's `path` is masked (mask()) when the path itself holds a secret.
+
+mask(data, lo, hi) / redact(text): the same rules, used to show content without its secrets:
+every matched secret replaced by its short form (`AKIA…(20 chars, masked)`). The review
+dossier and the reviewer's read_file use them, so a found secret never leaves the machine.
 """
 import collections
 import dataclasses
@@ -36,7 +45,11 @@ LEVELS = SEVERITIES + ("off",)
 DEFAULTS = {"secrets": "countersign", "binaries": "warn", "dependencies": "warn", "size_mb": 50}
 
 MIB = 1 << 20
-SECRETS_SCAN_MIB = 16          # bytes of one file the secret scan reads at most
+SECRETS_SCAN_MIB = 256         # MiB of one file the secret scan reads at most (the rest: a finding)
+SECRETS_CHUNK_MIB = 16         # ...in chunks of this many MiB
+CONTEXT = 4096                 # bytes around a secret that decide it (longer than any match's reach)
+MASK_CONTEXT = 16384           # ...and that take in a private key's body whole, for mask()
+SECRETS_OVERLAP = 2 * CONTEXT  # by which consecutive chunks overlap
 BINARY_SNIFF = 8192            # bytes that decide whether a file is binary
 
 # -- the rules ----------------------------------------------------------------------------------
@@ -207,39 +220,119 @@ def scan(target, plan, checks):
     size_cap = None if size_mb in (None, "off") or size_mb <= 0 else size_mb * MIB
     out = []
     for change in plan:
-        entry = change.entry
+        entry, path = change.entry, change.path
+        shown = _shown(path)
+        if secrets != "off" and change.kind == "added" and len(path) - path.rfind("/") > MIN_RUN:
+            for _, what, _ in _secrets(os.fsencode(path[path.rfind("/") + 1:]), lines=False):
+                out.append(Finding("secrets", shown, None, f"{what} in its name", secrets))
         if deps != "off" and _dependency(change):
-            out.append(Finding("dependencies", change.path, None,
+            out.append(Finding("dependencies", shown, None,
                                f"dependency manifest {_dep_verb(change)}", deps))
-        if (change.kind not in ("added", "modified") or entry.kind != "file"
-                or change.content_same):
+        if change.kind not in ("added", "modified") or change.content_same:
+            continue
+        if entry.kind == "symlink" and secrets != "off":
+            out += [Finding("secrets", shown, None, f"{what} in the symlink's target", secrets)
+                    for what in _link_secrets(target, change)]
+        if entry.kind != "file":
             continue
         size = entry.st.st_size
         if size_cap is not None and size > size_cap:
-            out.append(Finding("size", change.path, None,
+            out.append(Finding("size", shown, None,
                                f"{_mib(size)} (over {size_mb:g} MiB)", "warn"))
         if size == 0 or (secrets == "off" and binaries == "off"):
             continue
-        want = min(size, SECRETS_SCAN_MIB * MIB) if secrets != "off" else min(size, BINARY_SNIFF)
+        want = min(size, SECRETS_CHUNK_MIB * MIB) if secrets != "off" else min(size, BINARY_SNIFF)
         data = _read_head(entry.src, want)
         binary = _is_binary(data[:BINARY_SNIFF])
         if binaries != "off" and binary:
-            out.append(Finding("binaries", change.path, None, binary, binaries))
+            out.append(Finding("binaries", shown, None, binary, binaries))
         if secrets == "off":
             continue
-        found = _secrets(data, lines=not binary)
+        if size > len(data) == want:
+            found, scanned = _file_secrets(entry.src, data, size, lines=not binary)
+        else:
+            found, scanned = _secrets(data, lines=not binary), size
         if found and change.kind == "modified" and change.real is not None and \
                 stat.S_ISREG(change.real.st_mode):
-            before = _read_head(C.real_path(target, change.path), SECRETS_SCAN_MIB * MIB,
-                                real=True)
-            found = [f for f in found if f[2] not in before]
+            held = _held(C.real_path(target, path), {f[2] for f in found})
+            found = [f for f in found if f[2] not in held]
         for line, what, _ in found:
-            out.append(Finding("secrets", change.path, line, what, secrets))
-        if size > len(data) and len(data) == SECRETS_SCAN_MIB * MIB:
-            out.append(Finding("secrets", change.path, None,
-                               f"scanned for secrets in its first {SECRETS_SCAN_MIB} MiB only "
-                               f"(the file is {_mib(size)})", "warn"))
+            out.append(Finding("secrets", shown, line, what, secrets))
+        if scanned < size:
+            out.append(Finding("secrets", shown, None,
+                               f"not scanned for secrets past its first {_mib(scanned)} (the "
+                               f"file is {_mib(size)}): the rest is held to checks.secrets",
+                               secrets))
     return out
+
+
+def _shown(path):
+    """The path as a finding names it: masked when it holds a secret (rare: one translate)."""
+    return path if len(path) < MIN_RUN else redact(path)
+
+
+def _link_secrets(target, change):
+    """[what] of the secrets in an added or modified symlink's target text that the real
+    tree's link there did not already hold."""
+    found = _secrets(os.fsencode(os.readlink(change.entry.src)), lines=False)
+    if found and change.kind == "modified" and change.real is not None and \
+            stat.S_ISLNK(change.real.st_mode):
+        try:
+            before = os.fsencode(os.readlink(C.real_path(target, change.path)))
+        except OSError:
+            before = b""
+        found = [f for f in found if f[2] not in before]
+    return [what for _, what, _ in found]
+
+
+def _file_secrets(path, head, size, lines=True):
+    """([(line, what, raw)], bytes scanned) of a file longer than one chunk: its head (the
+    first chunk, already read) and then chunks overlapping by SECRETS_OVERLAP, to
+    SECRETS_SCAN_MIB. A hit belongs to the chunk where it has CONTEXT on both sides (the
+    first chunk's start and the last chunk's end are the file's)."""
+    chunk, cap = SECRETS_CHUNK_MIB * MIB, min(size, SECRETS_SCAN_MIB * MIB)
+    out, base, newlines, data = [], 0, 0, head
+    fd = _open(path)
+    try:
+        while True:
+            last = base + len(data) >= cap or len(data) < chunk
+            lo = CONTEXT if base else 0
+            hi = len(data) if last else len(data) - CONTEXT
+            line, pos = newlines + 1, 0
+            for offset, what, raw, _ in _hits(data):
+                if lo <= offset < hi:
+                    if lines:
+                        line += data.count(b"\n", pos, offset)
+                        pos = offset
+                    out.append((line if lines else None, what, raw))
+            if last:
+                return out, base + len(data)
+            step = len(data) - SECRETS_OVERLAP
+            newlines += data.count(b"\n", 0, step) if lines else 0
+            base += step
+            data = os.pread(fd, min(chunk, cap - base), base)
+    finally:
+        os.close(fd)
+
+
+def _held(path, raws):
+    """The raws the real tree's file at path already holds (in its first SECRETS_SCAN_MIB;
+    an unreadable file holds none)."""
+    fd = _open(path, real=True)
+    if fd is None:
+        return set()
+    keep, held, base, tail = max(map(len, raws)) - 1, set(), 0, b""
+    try:
+        while base < SECRETS_SCAN_MIB * MIB and len(held) < len(raws):
+            chunk = os.pread(fd, min(SECRETS_CHUNK_MIB * MIB, SECRETS_SCAN_MIB * MIB - base), base)
+            if not chunk:
+                break
+            data = tail + chunk
+            held.update(r for r in raws if r in data)
+            tail, base = data[len(data) - keep:] if keep else b"", base + len(chunk)
+        return held
+    finally:
+        os.close(fd)
 
 
 def _mib(n):
@@ -270,25 +363,35 @@ def _dep_verb(change):
                                                                                "replaced")
 
 
-def _read_head(path, n, real=False):
-    """Up to n bytes from the start of a regular file, never through a symlink. A file of our
-    own layer that the command left unreadable is read through changes.readable; the real
-    tree's file is never chmodded (an unreadable one reads as empty)."""
+def _open(path, real=False):
+    """A read-only fd of a regular file, never through a symlink. A file of our own layer that
+    the command left unreadable is opened through changes.readable; the real tree's file is
+    never chmodded: an unreadable one, or one that is not a regular file, is None."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags)
     except PermissionError:
         if real:
-            return b""
+            return None
         with C.readable(path):
-            fd = os.open(path, flags)
+            return os.open(path, flags)
     except OSError:
         if real:
-            return b""
+            return None
         raise
+    if real and not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)               # (a sealed layer's entry is a regular file: no fstat)
+        return None
+    return fd
+
+
+def _read_head(path, n, real=False):
+    """Up to n bytes from the start of a regular file, never through a symlink (_open; the
+    real tree's unreadable or irregular file reads as empty)."""
+    fd = _open(path, real)
+    if fd is None:
+        return b""
     try:
-        if real and not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""             # (a sealed layer's entry is a regular file: no fstat)
         data = os.read(fd, n)
         if 0 < len(data) < n:      # a short read: go on to n or the end
             chunks = [data]
@@ -329,13 +432,25 @@ def _is_binary(head):
 def _secrets(data, lines=True):
     """[(line or None, what, matched bytes)] of the secrets in data, by offset. lines: False
     for a binary file (no line numbers)."""
-    hits = []                                   # (offset, what, raw)
+    out, line, pos = [], 1, 0
+    for offset, what, raw, _ in _hits(data):
+        if lines:
+            line += data.count(b"\n", pos, offset)
+            pos = offset
+        out.append((line if lines else None, what, raw))
+    return out
+
+
+def _hits(data):
+    """[(offset, what, matched bytes, how many of them a finding may show)], by offset."""
+    hits = []
     if b"-----BEGIN" in data:
         for m in _PEM_RX.finditer(data):
             label = m.group(1).decode("ascii").strip()
             block = " block" if m.group(2) else ""
             what = f"private key{block} ({label})" if label else f"private key{block}"
-            hits.append((m.start(), what, m.group(0)))
+            hits.append((m.start(), what, m.group(0), data.index(b"-----", m.start() + 5) + 5 -
+                         m.start()))
     runs = data.translate(_RUN_TABLE)
     at = runs.find(_RUN)
     while at >= 0:
@@ -344,20 +459,72 @@ def _secrets(data, lines=True):
         if not (hits and _inside(at, hits)):
             hits.extend(_in_run(data, at, end))
         at = runs.find(_RUN, end)
-    if not hits:
-        return []
     hits.sort(key=lambda h: h[0])
-    out, line, pos = [], 1, 0
-    for offset, what, raw in hits:
-        if lines:
-            line += data.count(b"\n", pos, offset)
-            pos = offset
-        out.append((line if lines else None, what, raw))
-    return out
+    return hits
 
 
 def _inside(offset, hits):
-    return any(start <= offset < start + len(raw) for start, _, raw in hits)
+    return any(start <= offset < start + len(raw) for start, _, raw, _ in hits)
+
+
+# -- masking: content shown without its secrets --------------------------------------------------
+
+_B64_LINE = re.compile(rb"\r?\n[+\- ]?[A-Za-z0-9+/=]{40,}(?=\r?\n|$)")
+_B64_TAIL = re.compile(rb"[A-Za-z0-9+/=]*")
+_PEM_END = re.compile(rb"\r?\n[+\- ]?(?:[A-Za-z0-9+/=]{1,80}\r?\n[+\- ]?)?"
+                      rb"-----END [A-Z0-9 ]{0,40}-----")
+
+
+def spans(data):
+    """[(start, end, short form)] of the secrets in data (bytes), by offset, not overlapping.
+    A private key's span runs on over the base64 lines of its body (a line of 40 or more
+    base64 characters each, as in a PEM file or a diff of one, a one-character diff prefix
+    allowed) and its END line, no further: masking must not hide anything but the key."""
+    out = []
+    for offset, what, raw, shown in _hits(data):
+        end = offset + len(raw)
+        if what.startswith("private key"):
+            end = _B64_TAIL.match(data, end).end()
+            m = _B64_LINE.match(data, end)
+            while m is not None:
+                end = m.end()
+                m = _B64_LINE.match(data, end)
+            m = _PEM_END.match(data, end)
+            end = m.end() if m is not None else end
+        if out and offset < out[-1][1]:          # inside the last one: one span
+            start, last, form = out.pop()
+            out.append((start, max(last, end), form))
+            continue
+        form = data[offset:offset + shown] + f"…({end - offset} chars, masked)".encode()
+        out.append((offset, end, form))
+    return out
+
+
+def mask(data, lo=0, hi=None):
+    """(masked, lo, hi): data[lo:hi] (bytes) with every secret in data replaced by its short
+    form, lo and hi moved out to take in a secret they cut. Pass data with MASK_CONTEXT bytes
+    beyond lo and hi on either side (where the file has them) so a secret across an edge is
+    recognized and a private key's body masked whole."""
+    hi = len(data) if hi is None else hi
+    parts, pos = [], lo
+    for start, end, form in spans(data):
+        if end <= lo or start >= hi:
+            continue
+        if start < pos:
+            lo = pos = start
+        parts += [data[pos:start], form]
+        pos, hi = end, max(hi, end)
+    if not parts:
+        return data[lo:hi], lo, hi
+    parts.append(data[pos:hi])
+    return b"".join(parts), lo, hi
+
+
+def redact(text):
+    """text (str or bytes) with every secret in it replaced by its short form."""
+    if isinstance(text, str):
+        return mask(text.encode("utf-8", "surrogateescape"))[0].decode("utf-8", "surrogateescape")
+    return mask(text)[0]
 
 
 def _in_run(data, at, end):
@@ -377,7 +544,7 @@ def _in_run(data, at, end):
                 continue
             if not (out and _inside(m.start(), out)):
                 out.append((m.start(), f"{label} {raw[:shown].decode('ascii')}…({len(raw)} chars)",
-                            raw))
+                            raw, shown))
     if out:
         return out
     hit = _assignment(data, at)
@@ -385,7 +552,7 @@ def _in_run(data, at, end):
 
 
 def _assignment(data, at):
-    """(offset of the value, what, value) when the run at `at` is (the start of) a value
+    """(offset of the value, what, value, 0) when the run at `at` is (the start of) a value
     assigned to a secret-like name -- `NAME = "..."`, `"name": "..."`, `name: ...`,
     `NAME=...`, `name => '...'` -- of high entropy; else None."""
     i = at
@@ -421,4 +588,4 @@ def _assignment(data, at):
     if any(p in value for p in _PLACEHOLDER) or not looks_random(value):
         return None
     return (m.start(g), f"high-entropy value ({len(value)} chars) assigned to "
-            f"{name.decode('ascii')}", value)
+            f"{name.decode('ascii')}", value, 0)

@@ -80,10 +80,24 @@ class Plan:
         self.changes.append(C.Change(path, kind, entry, real, {}, same))
         return self
 
-    def link(self, path, to):
+    def link(self, path, to, before=None):
         src = self.layer / path
+        src.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(to, src)
+        real = None
+        if before is not None:
+            (self.target / path).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(before, self.target / path)
+            real = os.lstat(self.target / path)
         entry = L.Entry(path, "symlink", str(src), os.lstat(src), layer=0, xattrs={}, forged=[])
+        self.changes.append(C.Change(path, "modified" if real else "added", entry, real, {},
+                                     None if real is None else to == before))
+        return self
+
+    def dir(self, path):
+        src = self.layer / path
+        src.mkdir(parents=True)
+        entry = L.Entry(path, "dir", str(src), os.lstat(src), layer=0, xattrs={}, forged=[])
         self.changes.append(C.Change(path, "added", entry, None, {}, None))
         return self
 
@@ -235,16 +249,117 @@ def test_symlinks_are_never_followed(plan, tmp_path):
     assert plan.scan() == []
 
 
-def test_a_file_over_the_cap_is_scanned_in_its_head(plan, monkeypatch):
-    monkeypatch.setattr(gate, "SECRETS_SCAN_MIB", 1)
-    early, late = "AKIA" + rand(16, UPPER), "AKIA" + rand(16, UPPER)
-    pad = ("# " + "x" * 77 + "\n") * 14000                      # ~1.07 MiB
-    plan.add("big.py", f"a = '{early}'\n" + pad + f"b = '{late}'\n")
+def test_a_long_file_is_scanned_whole_in_overlapping_chunks(plan, monkeypatch):
+    monkeypatch.setattr(gate, "SECRETS_CHUNK_MIB", 1)
+    line = "# " + "x" * 77 + "\n"                                 # 80 bytes
+    per_chunk = (gate.MIB - gate.SECRETS_OVERLAP) // len(line)   # lines a chunk moves on by
+    handoff = (gate.MIB - gate.CONTEXT) // len(line)            # the first chunk's last line
+    at = [1, handoff, handoff + 1,                               # each side of the handoff,
+          gate.MIB // len(line) + 1,                             # across the first chunk's end,
+          3 * per_chunk + 7]                                     # in the fourth chunk
+    keys = ["AKIA" + rand(16, UPPER) for _ in at]
+    lines = [line] * (3 * per_chunk + 40)
+    for n, key in zip(at, keys):
+        lines[n - 1] = f"k = '{key}'" + "x" * (len(line) - 28) + "\n"
+    data = "".join(lines)
+    assert data.index(keys[3]) < gate.MIB < data.index(keys[3]) + 20
+    plan.add("big.py", data)
     found = plan.scan()
-    assert [(f.kind, f.line, f.severity) for f in found] == \
-        [("secrets", 1, "countersign"), ("secrets", None, "warn")]
-    assert "first 1 MiB only" in found[1].what and "1.1 MiB" in found[1].what
-    never_whole(found, early, late)
+    assert [(f.path, f.line, f.severity) for f in found] == [("big.py", n, "countersign") for n in at]
+    never_whole(found, *keys)
+
+
+@pytest.mark.parametrize("level", ["block", "countersign", "warn"])
+def test_the_unscanned_rest_of_a_file_over_the_cap_carries_the_secrets_severity(
+        plan, monkeypatch, level):
+    monkeypatch.setattr(gate, "SECRETS_CHUNK_MIB", 1)
+    monkeypatch.setattr(gate, "SECRETS_SCAN_MIB", 2)
+    key = "AKIA" + rand(16, UPPER)
+    pad = ("# " + "x" * 77 + "\n") * 14000                      # ~1.07 MiB
+    plan.add("big.py", pad + f"a = '{key}'\n" + pad + pad)
+    plan.add("small.py", pad)
+    found = plan.scan(secrets=level)
+    assert [(f.path, f.line, f.severity) for f in found] == \
+        [("big.py", 14001, level), ("big.py", None, level)]
+    assert "past its first 2.0 MiB" in found[1].what and "3.2 MiB" in found[1].what
+    assert plan.scan(secrets="off") == []
+    never_whole(found, key)
+
+
+def test_a_secret_deep_in_a_long_modified_file_is_blamed_only_if_new(plan, monkeypatch):
+    monkeypatch.setattr(gate, "SECRETS_CHUNK_MIB", 1)
+    old, new = "AKIA" + rand(16, UPPER), "AKIA" + rand(16, UPPER)
+    pad = ("# " + "x" * 77 + "\n") * 20000                      # ~1.5 MiB
+    plan.add("big.py", pad + f"a = '{old}'\nb = '{new}'\n", before=pad + f"a = '{old}'\n")
+    assert [(f.line, f.what) for f in plan.scan()] == [(20002, "AWS access key AKIA…(20 chars)")]
+
+
+def test_a_secret_in_a_symlinks_target_is_found(plan, tmp_path):
+    key, old = "AKIA" + rand(16, UPPER), "ghp_" + rand(36)
+    plan.link("a", key)
+    plan.link("d/b", f"../keys/{old}.txt", before=f"../keys/{old}.txt")   # unchanged
+    plan.link("c", f"{old}/x", before=f"{old}/y")                 # the real link held it
+    plan.link("e", str(tmp_path / "outside.py"))
+    found = plan.scan(secrets="block")
+    assert [(f.kind, f.path, f.line, f.what, f.severity) for f in found] == \
+        [("secrets", "a", None, "AWS access key AKIA…(20 chars) in the symlink's target", "block")]
+    never_whole(found, key)
+
+
+def test_a_secret_in_an_added_name_is_found_and_the_name_masked(plan):
+    key = "AKIA" + rand(16, UPPER)
+    plan.dir(f"conf/{key}")
+    plan.add(f"conf/{key}/package.json", "{}\n")
+    plan.add("a_rather_long_but_ordinary_name.py", "x = 1\n")
+    found = plan.scan()
+    masked = "conf/AKIA…(20 chars, masked)"
+    assert [(f.kind, f.path, f.what, f.severity) for f in found] == [
+        ("secrets", masked, "AWS access key AKIA…(20 chars) in its name", "countersign"),
+        ("dependencies", masked + "/package.json", "dependency manifest added", "warn")]
+    never_whole(found, key)
+    assert plan.scan(secrets="off")[0].kind == "dependencies"
+
+
+# -- masking ------------------------------------------------------------------------------------
+
+def test_mask_replaces_every_secret_with_its_short_form(plan):
+    made = [v for _, v in shapes()]
+    text = "".join(f"v{i} = '{v}'\n" for i, v in enumerate(made))
+    key = pem()
+    text += "API_TOKEN = '" + value(40) + "'\nbefore()\n" + key + "after()\n"
+    out = gate.redact(text)
+    for v in made:
+        assert v[:12] not in out
+    for line in key.splitlines()[1:-1]:
+        assert line not in out
+    assert out.count("masked)") == len(made) + 2
+    assert "v0 = 'AKIA…(20 chars, masked)'\n" in out and "API_TOKEN = '…(40 chars, masked)'" in out
+    assert f"before()\n-----BEGIN RSA PRIVATE KEY-----…({len(key) - 1} chars, masked)\nafter()\n" in out
+    assert gate.redact(out) == out and gate.redact(out.encode()) == out.encode()
+    assert gate.redact("nothing here = 1\n") == "nothing here = 1\n"
+
+
+def test_a_masked_private_key_hides_its_body_and_nothing_after(plan):
+    key = pem()
+    diff = "".join(f"+{line}\n" for line in ("x = 1\n" + key + "run()\nA" + "b" * 40).splitlines())
+    out = gate.redact(diff)
+    assert out.startswith("+x = 1\n+-----BEGIN RSA PRIVATE KEY-----…(")
+    assert out.endswith(" chars, masked)\n+run()\n+A" + "b" * 40 + "\n")
+    cut = key.rsplit("-----END", 1)[0] + "code_after_a_key_with_no_end()\n"
+    out = gate.redact(cut)
+    assert out.endswith("masked)\ncode_after_a_key_with_no_end()\n")
+    assert all(line not in out for line in cut.splitlines()[1:-1])
+
+
+def test_mask_widens_a_window_to_whole_secrets():
+    key = "AKIA" + rand(16, UPPER)
+    data = b"a = 1\nk = '" + key.encode() + b"'\nz = 2\n"
+    at = data.index(key.encode())
+    for lo, hi in ((0, at + 3), (at + 5, len(data)), (at + 2, at + 9)):
+        out, lo2, hi2 = gate.mask(data, lo, hi)
+        assert key.encode()[:5] not in out[4:] and b"AKIA\xe2\x80\xa6(20 chars, masked)" in out
+        assert lo2 == min(lo, at) and hi2 == max(hi, at + 20)
+    assert gate.mask(data, 0, 5) == (data[:5], 0, 5)
 
 
 # -- binaries, dependencies, size ---------------------------------------------------------------

@@ -62,6 +62,15 @@ def scripted(sid, tmp_path, turns, model="reviewer-1", **kw):
     return ops.review(sid, provider="scripted", script=str(script), **kw)
 
 
+def agent_session(rovl, target, tmp_path, calls, model, task):
+    """The sid of a scripted agent's session making `calls` in one turn."""
+    agent_script = write_script(tmp_path, [{"tool_calls": calls}, {"text": "done"}], model=model)
+    proc = rovl("agent", "-t", target, "--no-jail", "--net", "host", "--provider", "scripted",
+                "--script", agent_script, task)
+    assert proc.returncode == 0, proc.err
+    return ops.resolve_sid("last")
+
+
 def audit_verdicts(sid=None):
     return [e for e in audit.entries(action="review.verdict") if sid is None or e.get("sid") == sid]
 
@@ -305,13 +314,9 @@ def test_dossier_caps_cut_a_diff_and_the_total(rovl, target, tmp_path):
 # -- the same-model rule ---------------------------------------------------------------------
 
 def test_same_model_is_refused_unless_asked_and_then_recorded(rovl, target, tmp_path):
-    agent_script = write_script(tmp_path, [
-        {"tool_calls": [{"name": "write_file", "input": {"path": "a.txt", "content": "a\n"}}]},
-        {"text": "done"}], model="twin-model")
-    proc = rovl("agent", "-t", target, "--no-jail", "--net", "host", "--provider", "scripted",
-                "--script", agent_script, "write a.txt")
-    assert proc.returncode == 0, proc.err
-    sid = ops.resolve_sid("last")
+    sid = agent_session(rovl, target, tmp_path, [
+        {"name": "write_file", "input": {"path": "a.txt", "content": "a\n"}}], "twin-model",
+        "write a.txt")
     meta_before = rovl.meta(sid)
     same = write_script(tmp_path, [approve()], model="twin-model")
     proc = rovl("review", sid, "--provider", "scripted", "--script", same)
@@ -378,6 +383,80 @@ def test_read_file_serves_the_view_and_refuses_everything_outside(rovl, target, 
     assert all("host secret" not in e["content"] for e in results)
     assert "root:" not in json.dumps(results)
     assert v["verdict"] == "approve" and v["read"] == ["sub/a.txt"]
+
+
+# -- a found secret never leaves the machine ---------------------------------------------------
+
+def _key(n=16):
+    import secrets as S
+    return "AKIA" + "".join(S.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") for _ in range(n))
+
+
+def _pem():
+    import base64
+    body = base64.b64encode(os.urandom(48 * 20)).decode()
+    lines = [body[i:i + 64] for i in range(0, len(body), 64)] + ["Zm9vYmFyYmF6cXV4cXV1eA=="]
+    return "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(lines) + \
+        "\n-----END RSA PRIVATE KEY-----\n", lines
+
+
+def test_found_secrets_are_masked_in_the_dossier_and_read_file(rovl, target, tmp_path):
+    key, edge, pem = _key(), _key(), _pem()
+    (tmp_path / "creds.src").write_text(f"region = 'eu'\nkey_id = {key}\n")
+    (tmp_path / "key.src").write_text(pem[0])
+    big = "".join(f"line {i:06d} of a long generated file\n" for i in range(3000))
+    at = RV.READ_PAGE - 7 - len("x = '")                        # the key across a page's end
+    big = big[:at] + f"x = '{edge}'\n" + big[at:]
+    (tmp_path / "big.src").write_text(big)
+    sid, _ = rovl.sh(target, f"cp {tmp_path / 'creds.src'} creds.txt && "
+                     f"cp {tmp_path / 'key.src'} id_rsa && cp {tmp_path / 'big.src'} big.txt")
+    size = len(big.encode())
+    assert size > D.PER_FILE and RV.READ_PAGE < size < 2 * RV.READ_PAGE
+    pages = [read("big.txt", 0), read("big.txt", RV.READ_PAGE)]
+    v = scripted(sid, tmp_path, [{"tool_calls": pages + [read("creds.txt"), read("id_rsa")]},
+                                 approve()])
+    record = (rovl.home / "sessions" / sid / "review.jsonl").read_text()
+    for secret in (key, edge, key[4:12], edge[4:12]) + tuple(pem[1]):
+        assert secret not in record, secret
+    events = read_jsonl(rovl.home / "sessions" / sid / "review.jsonl")
+    dossier = next(e for e in events if e["type"] == "start")["dossier"]
+    assert "+key_id = AKIA…(20 chars, masked)\n" in dossier and "region = 'eu'" in dossier
+    assert "+-----BEGIN RSA PRIVATE KEY-----\n+…(64 chars, masked)\n" in dossier
+    assert "+-----END RSA PRIVATE KEY-----\n" in dossier
+    assert "masked here and in read_file results" in dossier
+    assert "countersign  secrets  creds.txt:2  AWS access key AKIA…(20 chars)" in dossier
+    reads = [e["content"] for e in events if e["type"] == "tool_result" and e["tool"] == "read_file"]
+    # the page that cuts the key ends past it; the next page, asked from inside it, starts at it
+    assert f"bytes 0..{at + 5 + 20} of {size}" in reads[0] and reads[0].count("masked)") == 1
+    assert f"bytes {at + 5}..{size} of {size}" in reads[1]
+    assert reads[1].split(">>>\n", 1)[1].startswith("AKIA…(20 chars, masked)'\n")
+    assert "key_id = AKIA…(20 chars, masked)\n" in reads[2]
+    assert "-----BEGIN RSA PRIVATE KEY-----…(" in reads[3] and "-----END" not in reads[3]
+    # masking is not hiding: the file the dossier could not show was read whole, masked
+    assert v["partial"] is False and v["read"] == ["big.txt", "creds.txt", "id_rsa"]
+    assert ops.standing(ops.get_session(sid), v["fingerprint"]).approval["n"] == v["n"]
+
+
+def test_the_agents_transcript_and_names_are_masked_in_the_dossier(rovl, target, tmp_path):
+    key, name = _key(), _key()
+    sid = agent_session(rovl, target, tmp_path, [
+        {"name": "write_file", "input": {"path": "conf.ini", "content": f"key_id = {key}\n"}},
+        {"name": "write_file", "input": {"path": name, "content": "x\n"}}], "maker", "write conf.ini")
+    session = ops.get_session(sid)
+    plan = session.plan()
+    rows = V.rows(session.target, plan)
+    d = D.build(session, plan, rows, V.fingerprint_rows(rows),
+                render=lambda ch: ops.unified(sid, [ch])[0])
+    assert "write_file input" in d.text
+    for secret in (key, key[4:12], name, name[4:12]):
+        assert secret not in d.text
+    for shown in ('write_file input {"content": "key_id = AKIA…(20 chars, masked)\\n"',
+                  '"path": "AKIA…(20 chars, masked)"}', "\nadded  AKIA…(20 chars, masked)  - -> ",
+                  "+++ b/AKIA…(20 chars, masked)\n", "\n+key_id = AKIA…(20 chars, masked)\n"):
+        assert shown in d.text, shown
+    view = RV.View(session.target, session.view())
+    inside = view.read("conf.ini", 12)                            # asked from inside the key
+    assert inside[1] == b"AKIA\xe2\x80\xa6(20 chars, masked)\n" and inside[3:] == (9, 30)
 
 
 # -- a hostile diff is data, not a verdict -----------------------------------------------------
