@@ -13,9 +13,11 @@ same seq. Protocol: docs/AUDIT.md.
 """
 import fcntl
 import hmac
+import http.client
 import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -33,8 +35,9 @@ CONFIG_NAME = "witness.json"
 SENT_NAME = "witness.sent"          # {"ts", "seq", "error"}: the last send (the throttle)
 LOCK_NAME = "witness.lock"          # held by the one running sender
 INTERVAL = 1.0                      # at most one automatic POST a second
-TIMEOUT = 5.0
-MAX_BODY = 4096
+TIMEOUT = 5.0                       # each socket operation of a witness request
+DEADLINE = 10.0                     # the whole request: connect, send, headers and body
+MAX_BODY = 4096                     # a head is ~200 bytes
 
 
 def config_path():
@@ -65,7 +68,7 @@ def load_config():
             data = json.load(f)
     except FileNotFoundError:
         return None
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RecursionError) as exc:
         raise OverlordError(f"witness config {escape_path(path)}: cannot be read ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("url"), str) \
             or not isinstance(data.get("auto", False), bool):
@@ -102,27 +105,130 @@ def signed_head():
             "mac": audit.witness_mac(key, head["seq"], head["hash"])}
 
 
+class _Deadline:
+    """One request's whole time: each socket it opens is shut down when the time is up,
+    whatever the request is blocked in (the headers, the body), so a witness that trickles its
+    answer cannot hold the caller past DEADLINE. urllib's own timeout is per socket operation."""
+
+    def __init__(self, seconds):
+        self.seconds, self.end = seconds, time.monotonic() + seconds
+        self.lock, self.socks, self.expired = threading.Lock(), [], False
+        self.timer = threading.Timer(seconds, self._expire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def left(self):
+        return max(0.001, self.end - time.monotonic())
+
+    def over(self):
+        return self.expired or time.monotonic() >= self.end
+
+    def watch(self, sock):
+        with self.lock:
+            self.socks.append(sock)
+            if self.expired:
+                _shut(sock)
+        return sock
+
+    def _expire(self):
+        with self.lock:
+            self.expired = True
+            for sock in self.socks:
+                _shut(sock)
+
+    def cancel(self):
+        self.timer.cancel()
+
+
+def _shut(sock):
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass            # closed already, or detached (wrapped for TLS: its wrapper is watched)
+
+
+def _opener(deadline):
+    """A urllib opener (proxies and redirects as usual) whose connections are deadline's."""
+    def bounded(base):
+        class Connection(base):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **kw)
+                create = self._create_connection
+                self._create_connection = lambda *a, **kw: deadline.watch(create(*a, **kw))
+
+            def connect(self):        # (CPython bounds a TLS handshake by the socket timeout)
+                self.timeout = min(TIMEOUT, deadline.left())
+                super().connect()
+                deadline.watch(self.sock)             # the TLS wrapper, once there is one
+        return Connection
+
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(bounded(http.client.HTTPConnection), req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(bounded(http.client.HTTPSConnection), req, context=self._context)
+
+    return urllib.request.build_opener(HTTP, HTTPS)
+
+
+def _read_body(resp, url, deadline):
+    """The body, read in chunks against the deadline and never past MAX_BODY."""
+    raw = b""
+    while True:
+        if deadline.over():
+            raise _late(url, deadline)
+        chunk = resp.read1(MAX_BODY + 1 - len(raw))
+        if not chunk:
+            if deadline.over():           # cut short by the deadline, not the end of the body
+                raise _late(url, deadline)
+            return raw
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise OverlordError(f"witness {escape_text(url)} answered with more than "
+                                f"{MAX_BODY} bytes: not a head")
+
+
+def _late(url, deadline):
+    return OverlordError(f"witness {escape_text(url)} did not answer in time "
+                         f"({deadline.seconds:g} s)")
+
+
 def _request(url, data=None):
-    """(status, parsed JSON body or None) of one request; OverlordError when the witness does
-    not answer."""
+    """(status, parsed JSON body or None) of one request, all of it within DEADLINE;
+    OverlordError when the witness does not answer (in time)."""
     body = None if data is None else json.dumps(data, sort_keys=True).encode("ascii")
     req = urllib.request.Request(url, data=body, method="GET" if data is None else "POST",
                                  headers={"Content-Type": "application/json",
                                           "Accept": "application/json"})
+    deadline = _Deadline(DEADLINE)
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
-            status, raw = resp.status, resp.read(MAX_BODY + 1)
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read(MAX_BODY + 1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        try:
+            with _opener(deadline).open(req, timeout=min(TIMEOUT, DEADLINE)) as resp:
+                status, raw = resp.status, _read_body(resp, url, deadline)
+        except urllib.error.HTTPError as exc:
+            with exc:
+                status, raw = exc.code, _read_body(exc, url, deadline) if exc.fp else b""
+    except OverlordError:
+        raise
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        if deadline.over():
+            raise _late(url, deadline) from None
         reason = getattr(exc, "reason", exc)
         raise OverlordError(f"witness {escape_text(url)} did not answer: "
                             f"{escape_text(str(reason))}") from None
+    finally:
+        deadline.cancel()
+    return status, _json(raw)
+
+
+def _json(raw):
+    """Parsed JSON, or None for anything else (however deeply it nests)."""
     try:
-        parsed = json.loads(raw) if raw and len(raw) <= MAX_BODY else None
-    except ValueError:
-        parsed = None
-    return status, parsed
+        return json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def send(url=None, head=None):
@@ -166,7 +272,7 @@ def _read_sent():
         with open(_path(SENT_NAME), encoding="utf-8") as f:
             data = json.load(f)
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
@@ -264,7 +370,7 @@ class Receiver:
                 data = json.load(f)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise OverlordError(f"witness store {escape_path(self.store_path)}: cannot be read ({exc})") from None
         return check_head(data, f"witness store {escape_path(self.store_path)}")
 
@@ -321,9 +427,8 @@ def _handler(receiver):
                 return self._answer(411, {"error": "Content-Length required"})
             if not 0 < length <= MAX_BODY:
                 return self._answer(413, {"error": f"a head is at most {MAX_BODY} bytes"})
-            try:
-                data = json.loads(self.rfile.read(length))
-            except ValueError:
+            data = _json(self.rfile.read(length))
+            if data is None:
                 return self._answer(400, {"error": "not JSON"})
             self._answer(*receiver.post(data))
 

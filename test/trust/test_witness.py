@@ -2,8 +2,10 @@
 receiver and against receivers that lie, truncation under a witness even by a key holder,
 and the automatic, throttled sender."""
 import http.server
+import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -266,3 +268,72 @@ def test_auto_never_fails_the_act_when_the_witness_is_down(cli, home):
     assert head["seq"] == 2 and audit.verify()["ok"]
     await_(lambda: (witness.last_sent().get("error") or "").startswith("witness http://127.0.0.1:9/ did not answer"))
     assert "error: witness http://127.0.0.1:9/ did not answer" in cli("audit", "witness", check=0).out
+
+
+# -- a witness that answers slowly, hugely or not at all -----------------------------------------
+
+@pytest.fixture
+def slow():
+    """A raw TCP witness: sends `head` at once, then `tail` a byte every 50 ms, forever (or
+    nothing, never answering). Returns a function (head, tail) -> URL."""
+    done, socks = threading.Event(), []
+
+    def start(head=b"", tail=b""):
+        listener = socket.create_server(("127.0.0.1", 0))
+        socks.append(listener)
+
+        def serve():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            socks.append(conn)
+            try:
+                conn.sendall(head)
+                for i in itertools.count():
+                    if not tail or done.wait(0.05):
+                        break
+                    conn.sendall(tail[i % len(tail):][:1])
+            except OSError:
+                pass
+            done.wait()
+        threading.Thread(target=serve, daemon=True).start()
+        return listener.getsockname()[1]
+
+    yield start
+    done.set()
+    for s in socks:
+        s.close()
+
+
+HEADERS = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n"
+
+
+@pytest.mark.parametrize("head,tail,scheme", [
+    (HEADERS, b" ", "http"),                    # the body trickles
+    (b"HTTP/1.0 200 OK\r\n", b"X-Slow: y\r\n", "http"),     # the headers trickle
+    (b"", b"", "http"),                         # connected, never a byte
+    (b"", b"", "https"),                        # the TLS handshake never answered
+])
+def test_a_witness_request_has_one_deadline_whatever_it_waits_for(home, monkeypatch, slow, head, tail, scheme):
+    fill(1)
+    monkeypatch.setattr(witness, "TIMEOUT", 60.0)         # each read alone would wait a minute
+    monkeypatch.setattr(witness, "DEADLINE", 0.5)
+    for call in (witness.fetch, witness.send):
+        url = f"{scheme}://127.0.0.1:{slow(head, tail)}/"
+        began = time.monotonic()
+        with pytest.raises(witness.OverlordError) as exc:
+            call(url)
+        assert time.monotonic() - began < 5, "waited past the deadline"
+        assert str(exc.value) == f"witness {url} did not answer in time (0.5 s)"
+
+
+def test_a_huge_or_deeply_nested_answer_is_refused_in_one_line(cli, home, liar):
+    fill(1)
+    cli("audit", "witness", liar.url, check=0)
+    liar.body = b'{"seq": 1, "pad": "' + b"x" * 5000 + b'"}'
+    err = cli("audit", "verify", "--witness", check=1).err
+    assert err == f"overlord: witness {liar.url} answered with more than 4096 bytes: not a head\n"
+    liar.body = b"[" * 4000
+    err = cli("audit", "verify", "--witness", check=1).err
+    assert err == f"overlord: witness {liar.url} served no head {{\"seq\", \"hash\", \"mac\"}}\n"
