@@ -210,6 +210,7 @@ def _finish(result, as_json=False):
 def cmd_agent(args):
     task = sys.stdin.read() if args.task == "-" else args.task
     if args.no_jail:
+        ops.policy_cap_preview(args.target, {"jail": False})   # a policy's refusal, not the warning, first
         print("overlord: WARNING: --no-jail: the agent's commands see your real filesystem (your "
               "home, keys, other projects) as you; only writes under the project are captured",
               file=sys.stderr)

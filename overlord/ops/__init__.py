@@ -16,7 +16,7 @@ from overlord.ops.grants import (crossed_grant, load_manifest, merge_grants, req
                                  resolve_target, validate_grants)
 from overlord.ops.history import compare, fork, rewind, savepoints
 from overlord.ops.kept import committed_diff
-from overlord.ops.policy import PolicyView, policy_check, policy_set, policy_show
+from overlord.ops.policy import PolicyView, policy_cap_preview, policy_check, policy_set, policy_show
 from overlord.ops.revert import revert
 from overlord.ops.review import (KINDS, LogRecord, blame, change_words, describe, diff, get_session, log,
                                  resolve_sid, syscalls, traced, unified)
@@ -33,7 +33,7 @@ __all__ = [
     "crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target",
     "validate_grants",
     "compare", "fork", "rewind", "savepoints", "revert", "committed_diff",
-    "PolicyView", "policy_check", "policy_set", "policy_show",
+    "PolicyView", "policy_cap_preview", "policy_check", "policy_set", "policy_show",
     "KINDS", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid",
     "syscalls", "traced", "unified",
 ]

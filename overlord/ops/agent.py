@@ -169,6 +169,7 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
     if session.meta.get("limit"):
         raise OverlordError(f"cannot resume session {sid}: it crossed its {session.meta['limit']} "
                             "grant and can run nothing more")
+    policy.hold(session.target, session.meta["grants"], sid=sid)   # before anything is recorded
     ep = _recorded_endpoint(settings["endpoint"], headers)
     with T.writer(session.dir, "resume"):
         _check_rebuild(session)

@@ -296,7 +296,7 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=
     if session.meta["state"] not in store.OPEN_STATES:
         raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
     require_target(session.target, session.meta.get("target_id"))
-    policy.cap(session.target, {"timeout": timeout} if timeout else {})   # no --timeout over the cap
+    policy.hold(session.target, session.meta["grants"], timeout, sid)   # today's policy, not the opening one's
     if session.meta.get("limit"):
         raise OverlordError(f"session {sid} crossed its {session.meta['limit']} grant and can run "
                             "nothing more; review it, then commit or roll it back")

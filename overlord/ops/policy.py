@@ -45,3 +45,10 @@ def policy_set(path):
         raise UsageError(f"no such policy file: {path}")
     old, new = policy.install(path)
     return {"file": policy.policy_path(), "old_sha256": old, "sha256": new, "changed": old != new}
+
+
+def policy_cap_preview(target, grants):
+    """The grants a session on target asking for `grants` would get, held to the policy in
+    force; OverlordError naming the rule when one is looser. Opens and records nothing: a face
+    asks before it warns about what it was asked for (`agent --no-jail`)."""
+    return policy.cap_grants(resolve_target(target), grants)

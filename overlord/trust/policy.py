@@ -230,7 +230,7 @@ def load(path=None):
     it). Raises OverlordError("policy PATH: what") when it cannot be used."""
     live = path is None
     path = os.path.abspath(path or policy_path())
-    data = _read(path)
+    data = _read(path, trusted=live or path == policy_path())
     digest = hashlib.sha256(data).hexdigest() if data is not None else None
     if live:
         notice(digest)
@@ -254,6 +254,13 @@ def parse(data, path, digest=None):
     """A Policy from the file's bytes; OverlordError naming the first problem."""
     def bad(what):
         return OverlordError(f"policy {escape_path(path)}: {what}")
+    try:
+        return _parse(data, path, digest, bad)
+    except RecursionError:            # [[[[... past the interpreter's stack, anywhere in it
+        raise bad("nested too deeply") from None
+
+
+def _parse(data, path, digest, bad):
     try:
         doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except UnicodeDecodeError:
@@ -313,28 +320,56 @@ def _no_duplicates(pairs):
     return out
 
 
-def _read(path):
-    """The file's bytes, or None when there is none."""
+MAX_BYTES = 1 << 20         # a policy is a few KiB; a bigger file is refused, never read whole
+
+
+def _read(path, trusted=True):
+    """The file's bytes, or None when there is none. Opened non-blocking and refused unless a
+    regular file of at most MAX_BYTES (a FIFO or a device planted there cannot hang a
+    command). trusted (the live policy): also never through a symlink, and only when owned by
+    the user (or root) and writable by no one else -- a policy someone else can write governs
+    nothing. Another file (`policy check FILE`, `policy set FILE`) is the one the user named."""
+    if trusted:
+        opened = audit._open_owned(path, os.O_RDONLY, _untrusted, 0o022, "write",
+                                   fix=f"chmod go-w {escape_path(path)}", root_ok=True)
+        if opened is None:
+            return None
+        fd, st = opened
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+        st = None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise OverlordError(f"policy {escape_path(path)}: cannot read it: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
+        st = st or os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OverlordError(f"policy {escape_path(path)}: not a regular file")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 16)
+        data = b""
+        while True:               # to its end, never past MAX_BYTES (the file may be growing)
+            if max(st.st_size, len(data)) > MAX_BYTES:
+                raise OverlordError(f"policy {escape_path(path)}: is {max(st.st_size, len(data))}"
+                                    f" bytes, over the {MAX_BYTES >> 20} MiB a policy may be")
+            chunk = os.read(fd, MAX_BYTES + 1 - len(data))
             if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+                return data
+            data += chunk
     except OSError as exc:
-        raise OverlordError(f"policy {escape_path(path)}: cannot read it: {exc.strerror}") from None
+        raise _unreadable(path, exc) from None
     finally:
         os.close(fd)
+
+
+def _untrusted(path, what):
+    hint = " (`overlord policy set FILE` installs one of yours)" if "symlink" in what \
+        or "owned by" in what else ""
+    return OverlordError(f"policy {escape_path(path)}: {what}{hint}")
+
+
+def _unreadable(path, exc):
+    return OverlordError(f"policy {escape_path(path)}: cannot read it: {exc.strerror}")
 
 
 # -- installing, and the audit act -------------------------------------------------------------
@@ -343,7 +378,7 @@ def install(source):
     """Validate the policy file at `source`, then make it the live policy atomically (0600).
     Returns (old sha256, new sha256); the change is on the audit chain before this returns."""
     source = os.path.abspath(source)
-    data = _read(source)
+    data = _read(source, trusted=False)
     if data is None:
         raise OverlordError(f"policy {escape_path(source)}: no such file")
     parse(data, source)
@@ -362,12 +397,19 @@ def install(source):
     try:
         with _seen_lock() as seen:
             old = seen.read()
-            live = _read(dest)        # even a broken live file may be replaced
-            live = hashlib.sha256(live).hexdigest() if live is not None else None
+            try:                      # even a broken live file may be replaced
+                live = _read(dest)
+                live = hashlib.sha256(live).hexdigest() if live is not None else None
+            except OverlordError:     # one no one may trust (a FIFO, a link, writable by
+                live = old            # others) governed nothing: not an act of its own
             if live != old:                       # changed behind our back: its own act first
                 _record(seen, old, live, via="noticed")
                 old = live
-            os.rename(tmp, dest)
+            try:
+                os.rename(tmp, dest)
+            except OSError as exc:
+                raise OverlordError(f"policy {escape_path(dest)}: cannot replace it: "
+                                    f"{exc.strerror}") from None
             if new != old:
                 _record(seen, old, new, via="policy set")
     finally:
@@ -438,28 +480,20 @@ def cap(target, grants, defaults=None):
     pol = rule(target)
     defaults = defaults or {}
     out = dict(grants or {})
-
-    def refuse(key, rule_words, asked):
-        raise OverlordError(f"policy {pol.source(key)} {rule_words}; this request asked for {asked}")
+    _refuse_looser(pol, out, "this request asked for")
 
     if pol["jail"]:
-        if out.get("jail") is False:
-            refuse("jail", "forces jail: true", "jail: false")
         out["jail"] = True
     elif "jail" not in out and "jail" in defaults:
         out["jail"] = defaults["jail"]
 
     allowed = pol["net"]
-    if allowed and "net" in out and NETS.index(out["net"]) > NETS.index(allowed):
-        refuse("net", f"allows at most net: {allowed}", f"net: {out['net']}")
     if "net" not in out:
         value = min((v for v in (defaults.get("net"), allowed) if v), key=NETS.index, default=None)
         if value:
             out["net"] = value
 
     cap_s = pol["timeout"]
-    if cap_s and out.get("timeout") is not None and out["timeout"] > cap_s:
-        refuse("timeout", f"caps timeout at {cap_s:g} s", f"timeout: {out['timeout']:g}")
     if out.get("timeout") is None:
         unasked = defaults.get("timeout")
         value = min(unasked, cap_s) if unasked and cap_s else unasked or cap_s
@@ -470,15 +504,51 @@ def cap(target, grants, defaults=None):
     if ceilings:
         asked_limits = dict(out.get("limits") or {})
         unasked = grant_limits.effective(defaults.get("limits"))
-        for name, ceiling in sorted(ceilings.items()):
-            key = f"limits.{name}"
-            if name in asked_limits:
-                value = asked_limits[name]
-                if value == 0:
-                    refuse(key, f"caps {key} at {ceiling}", f"{key}: 0 (unlimited)")
-                if value > ceiling:
-                    refuse(key, f"caps {key} at {ceiling}", f"{key}: {value}")
-            else:
+        for name, ceiling in ceilings.items():
+            if name not in asked_limits:
                 asked_limits[name] = min(unasked[name], ceiling) if unasked[name] else ceiling
         out["limits"] = asked_limits
     return out, pol
+
+
+def hold(target, grants, timeout=None, sid=None):
+    """The rule in force now for target, once a session opened with `grants` (its recorded
+    ones) may run one more command under it (timeout: this command's own --timeout, which
+    then bounds it instead of the session's). A grant looser than today's policy is refused
+    naming the rule -- never tightened in passing: a session runs under the grants it was
+    opened (and attested) with, or not at all."""
+    pol = rule(target)
+    if timeout:
+        _refuse_looser(pol, {"timeout": timeout}, "this request asked for")
+    _refuse_looser(pol, {"jail": bool(grants.get("jail")), "net": grants.get("net", "host"),
+                         "timeout": timeout or grants.get("timeout"),
+                         "limits": grant_limits.effective(grants.get("limits"))},
+                   f"session {sid} was opened with", unbounded=True,
+                   then="; roll it back (or commit it) and open a new one under today's policy")
+    return pol
+
+
+def _refuse_looser(pol, grants, asked, unbounded=False, then=""):
+    """OverlordError naming the first grant in `grants` looser than the rule pol, its value
+    introduced by `asked`. An absent key is an omitted one -- unless unbounded (a session's
+    recorded grants), where no timeout is no bound at all."""
+    def refuse(key, rule_words, value):
+        raise OverlordError(f"policy {pol.source(key)} {rule_words}; {asked} {value}{then}")
+
+    if pol["jail"] and grants.get("jail") is False:
+        refuse("jail", "forces jail: true", "jail: false")
+    allowed = pol["net"]
+    if allowed and "net" in grants and NETS.index(grants["net"]) > NETS.index(allowed):
+        refuse("net", f"allows at most net: {allowed}", f"net: {grants['net']}")
+    cap_s, asked_s = pol["timeout"], grants.get("timeout")
+    if cap_s and asked_s is not None and asked_s > cap_s:
+        refuse("timeout", f"caps timeout at {cap_s:g} s", f"timeout: {asked_s:g}")
+    if cap_s and asked_s is None and unbounded:
+        refuse("timeout", f"caps timeout at {cap_s:g} s", "no timeout")
+    limits = grants.get("limits") or {}
+    for name, ceiling in sorted(pol["limits"].items()):       # a ceiling of 0 caps nothing
+        key, value = f"limits.{name}", limits.get(name)
+        if ceiling and value == 0:
+            refuse(key, f"caps {key} at {ceiling}", f"{key}: 0 (unlimited)")
+        if ceiling and value is not None and value > ceiling:
+            refuse(key, f"caps {key} at {ceiling}", f"{key}: {value}")

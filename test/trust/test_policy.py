@@ -323,9 +323,6 @@ def test_agent_looser_than_policy_is_refused(home, target, tmp_path, flags, says
     agent = AgentOvl(home)
     _, proc = agent.agent(target, "task", "--provider", "scripted", "--script",
                           write_script(tmp_path, DONE), *flags)
-    if "--no-jail" in flags:            # the CLI's own warning comes first
-        warning, _, proc.err = proc.err.partition("\n")
-        assert warning.startswith("overlord: WARNING: --no-jail")
     one_line_refusal(proc, f"policy targets[{target}] {says}")
     assert sessions(home) == [] and audit_lines(home, "session.open") == []
 
@@ -342,3 +339,129 @@ def test_agent_omitted_grants_take_the_tighter_of_its_defaults_and_policy(home, 
     assert grants["timeout"] == 30 and grants["limits"] == {"pids": 128}
     assert agent.meta(sid)["policy"]["source"] == "default"
     assert SESSION_RE.search(proc.out)
+
+
+# -- the file itself: what may be taken for the policy --------------------------------------------
+
+def test_a_fifo_or_an_oversized_file_is_refused_without_hanging(cli, home, tmp_path):
+    live, other = home / "policy.json", tmp_path / "other.fifo"
+    os.mkfifo(live)
+    os.mkfifo(other)
+    for args, path in ((("policy", "show"), live), (("policy", "check"), live),
+                       (("policy", "check", live), live), (("policy", "check", other), other),
+                       (("policy", "set", other), other)):
+        proc = cli(*args, timeout=20)
+        one_line_refusal(proc, f"policy {path}: not a regular file")
+        assert proc.err == f"overlord: policy {path}: not a regular file\n"
+    big = tmp_path / "big.json"
+    big.write_text('{"default": {}}' + " " * P.MAX_BYTES)
+    one_line_refusal(cli("policy", "check", big),
+                     f"policy {big}: is {P.MAX_BYTES + 15} bytes, over the 1 MiB a policy may be")
+    good = tmp_path / "good.json"
+    good.write_text('{"default": {"require_review": true}}')
+    cli("policy", "set", good, check=0)                 # replaces the FIFO
+    assert live.is_file() and json.loads(cli("policy", "show", "--json", check=0).out)["rule"]["require_review"]
+
+
+@pytest.mark.parametrize("how", ["group-writable", "other-writable", "symlink", "someone-else's"])
+def test_a_policy_someone_else_can_write_governs_nothing(cli, home, target, tmp_path, how):
+    live = put(home, {"default": {"require_review": True}})
+    os.chmod(live, 0o644)
+    cli("policy", "show", "-t", target, check=0)          # readable by others is fine
+    if how == "someone-else's" and os.geteuid() != 0:
+        os.chmod(live, 0o600)                            # only root can give a file away: ours
+        cli("policy", "show", "-t", target, check=0)      # (and root's, below) are trusted
+        return
+    says = {"group-writable": f"is mode 0664: group/other may write it (chmod go-w {live})",
+            "other-writable": f"is mode 0646: group/other may write it (chmod go-w {live})",
+            "symlink": "is a symlink (`overlord policy set FILE` installs one of yours)",
+            "someone-else's": "is owned by uid 65534, not by you (uid 0) or root "
+                              "(`overlord policy set FILE` installs one of yours)"}[how]
+    if how == "group-writable":
+        os.chmod(live, 0o664)
+    elif how == "other-writable":
+        os.chmod(live, 0o646)
+    elif how == "symlink":
+        shared = tmp_path / "shared.json"
+        shared.write_text(json.dumps({"default": {"require_review": False}}))
+        live.unlink()
+        live.symlink_to(shared)
+    else:
+        os.chown(live, 65534, 65534)
+    before = tree(target)
+    for args in (("policy", "show", "-t", target), ("policy", "check"),
+                 ("run", "-t", target, "--", "sh", "-c", "echo x > f")):
+        one_line_refusal(cli(*args), f"policy {live}: {says}")
+    assert tree(target) == before and sessions(home) == []
+    good = tmp_path / "good.json"
+    good.write_text('{"default": {}}')
+    cli("policy", "set", good, check=0)                 # the way out the refusal names
+    assert not live.is_symlink() and oct(live.stat().st_mode & 0o777) == "0o600"
+    assert live.stat().st_uid == os.geteuid()
+    cli("policy", "show", "-t", target, check=0)
+    if os.geteuid() == 0:
+        os.chown(live, 0, 0)                            # root's own policy is trusted
+        cli("policy", "show", "-t", target, check=0)
+
+
+@pytest.mark.parametrize("depth", [900, 100000])
+def test_a_deeply_nested_policy_is_refused_naming_the_file(cli, home, tmp_path, depth):
+    deep = '{"default": {"jail": ' + "[" * depth + "]" * depth + "}}"
+    other = tmp_path / "deep.json"
+    for path in (home / "policy.json", other):
+        path.write_text(deep)
+    for args, path in ((("policy", "show"), home / "policy.json"), (("policy", "check", other), other),
+                       (("policy", "set", other), other)):
+        proc = cli(*args)
+        one_line_refusal(proc, f"policy {path}: ")
+        if depth > 1000:
+            assert proc.err == f"overlord: policy {path}: nested too deeply\n"
+
+
+# -- a session is held to the policy in force now, at every command ------------------------------
+
+@pytest.mark.parametrize("rule,says", [
+    ({"jail": True}, "forces jail: true; session {sid} was opened with jail: false"),
+    ({"net": "none"}, "allows at most net: none; session {sid} was opened with net: host"),
+    ({"timeout": 5}, "caps timeout at 5 s; session {sid} was opened with no timeout"),
+    ({"limits": {"pids": 64}}, "caps limits.pids at 64; session {sid} was opened with limits.pids: 512"),
+])
+def test_exec_is_refused_when_todays_policy_is_tighter_than_the_sessions_grants(
+        ovl, home, target, rule, says):
+    sid, _ = ovl.sh(target, "echo 1 > one.txt")
+    put(home, {"default": rule})
+    layers = len(json.loads((home / "sessions" / sid / "meta.json").read_text())["layers"])
+    one_line_refusal(ovl("exec", sid, "--", "sh", "-c", "echo 2 > two.txt"),
+                     f"policy default {says.format(sid=sid)}; roll it back (or commit it) and "
+                     "open a new one under today's policy")
+    meta = json.loads((home / "sessions" / sid / "meta.json").read_text())
+    assert len(meta["layers"]) == layers and ovl.diff(sid) == [("added", "one.txt")]
+    assert audit_lines(home, "session.exec") == []
+    if "timeout" in rule:         # this command's own --timeout bounds it within the cap
+        one_line_refusal(ovl("exec", sid, "--timeout", "6", "--", "true"),
+                         "policy default caps timeout at 5 s; this request asked for timeout: 6")
+        ovl("exec", sid, "--timeout", "5", "--", "true", check=0)
+    os.unlink(home / "policy.json")
+    ovl("exec", sid, "--", "true", check=0)               # rolled back: it runs again
+
+
+def test_a_session_opened_under_the_policy_keeps_running_under_it(ovl, home, target):
+    put(home, {"default": {"timeout": 30, "limits": {"pids": 64, "nofile": 1024}}})
+    sid, _ = ovl.sh(target, "echo 1 > one.txt")
+    for i in range(2):
+        ovl("exec", sid, "--", "sh", "-c", f"echo {i} > n{i}.txt", check=0)
+    put(home, {"default": {"timeout": 30, "limits": {"pids": 65}}})      # looser: still fine
+    ovl("exec", sid, "--", "true", check=0)
+
+
+def test_resume_is_refused_when_todays_policy_is_tighter(home, target, tmp_path):
+    require_backend("kernel")
+    agent = AgentOvl(home, "kernel")
+    sid, proc = agent.scripted(target, tmp_path, DONE, check=0)
+    assert sid, proc.err
+    events = len(agent.events(sid))
+    put(home, {"default": {"limits": {"pids": 64}}})
+    one_line_refusal(agent("resume", sid, "--note", "go on"),
+                     f"policy default caps limits.pids at 64; session {sid} was opened with "
+                     "limits.pids: 512")
+    assert len(agent.events(sid)) == events, "nothing recorded for a refused resume"
