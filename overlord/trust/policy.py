@@ -25,14 +25,13 @@ import stat
 from overlord.errors import OverlordError, UsageError
 from overlord.sandbox import limits as grant_limits
 from overlord.text import escape_path
-from overlord.trust import audit, protect
+from overlord.trust import audit, gate, protect
 from overlord.txn import store
 
 FILE, SEEN = "policy.json", "policy.seen"
 NETS = ("none", "host")                   # tightest first
-SEVERITIES = ("block", "countersign", "warn", "off")
-CHECK_DEFAULTS = {"secrets": "countersign", "binaries": "warn", "dependencies": "warn",
-                  "size_mb": 50}
+SEVERITIES = gate.LEVELS                  # the content gate's: one table of checks
+CHECK_DEFAULTS = gate.DEFAULTS
 BUILT_IN, DEFAULT = "built-in", "default"
 
 
