@@ -47,20 +47,9 @@ def check(sid, only=(), drop=()):
     chosen = history.select(session, only, drop)
     if chosen is not None and not chosen:
         raise UsageError("the selectors leave no savepoint to check")
-    return evaluate(sid, session.target, session.plan(chosen))
-
-
-def evaluate(sid, target, plan):
-    """The gate's report on a plan already computed (commit calls this with its own plan)."""
-    checks, sources = policy_checks(target)
-    findings = gate.scan(target, plan, checks)
+    plan = session.plan(chosen)
+    rule = policy.rule(session.target)
+    findings = gate.scan(session.target, plan, rule["checks"])
     blocking, countersign, warnings = gate.partition(findings)
-    return CheckReport(sid, findings, blocking, countersign, warnings,
-                       gate.levels(checks), sources)
-
-
-def policy_checks(target):
-    """(checks, {key: source}) of the policy rule for target."""
-    rule = policy.rule(target)
-    checks = dict(rule["checks"])
-    return checks, {k: rule.source(f"checks.{k}") for k in gate.DEFAULTS}
+    return CheckReport(sid, findings, blocking, countersign, warnings, gate.levels(rule["checks"]),
+                       {k: rule.source(f"checks.{k}") for k in gate.DEFAULTS})
