@@ -54,7 +54,7 @@ def clear(session, plan, *, force=False, countersigned=False):
     target = session.target
     rule = policy.rule(target)
     findings = gate.scan(target, plan, rule["checks"])
-    blocking = [f for f in findings if f.severity == "block"]
+    blocking, second, _ = gate.partition(findings)
     if blocking:
         raise Conflict(f"commit refused: the content gate blocks {_finding(blocking[0])}"
                        f"{_more(blocking)} (policy checks.{blocking[0].kind}: block, "
@@ -73,7 +73,6 @@ def clear(session, plan, *, force=False, countersigned=False):
         needs.append(f"policy require_review (from {rule.source('require_review')})")
     if shielded:
         needs.append(f"the protected path {escape_path(shielded[0])}{_more(shielded)}")
-    second = [f for f in findings if f.severity == "countersign"]
     if second:
         needs.append(f"the content gate's {_finding(second[0])}{_more(second)}")
     clearance = Clearance(rule, findings, shielded, needs=needs)
