@@ -68,6 +68,13 @@ def cause_text(cause):
     return cause.get("summary") or json.dumps(cause, sort_keys=True)
 
 
+def finding_line(finding):
+    """One content-gate finding as a person reads it: `warn  secrets  config.py:3  AWS access
+    key AKIA…` (every byte that came from the session escaped)."""
+    where = escape_path(finding.path) + (f":{finding.line}" if finding.line else "")
+    return f"{finding.severity}  {finding.kind}  {where}  {escape_text(str(finding.what))}"
+
+
 def is_exact(text):
     """True when a str holds no lone surrogate, so JSON carries it exactly as UTF-8."""
     try:

@@ -39,7 +39,7 @@ import json
 import secrets
 
 from overlord.agent import transcript as T
-from overlord.text import cause_text, escape_block, escape_path, escape_text
+from overlord.text import cause_text, escape_block, escape_path, escape_text, finding_line
 from overlord.trust import gate
 from overlord.txn import changes as C
 from overlord.txn import objects
@@ -244,9 +244,7 @@ def _findings(findings, fence):
         return "the content gate did not run\n"
     if not findings:
         return "no findings\n"
-    lines = [f"{f.severity}  {f.kind}  {escape_path(f.path)}{f':{f.line}' if f.line else ''}  "
-             f"{escape_text(str(f.what))}" for f in findings]
-    return fence("content gate findings", "\n".join(lines))
+    return fence("content gate findings", "\n".join(finding_line(f) for f in findings))
 
 
 def is_text(data):

@@ -4,7 +4,8 @@ import os
 import sys
 import time
 
-from overlord.text import cause_text, escape_block, escape_path, escape_text  # noqa: F401 (re-exported)
+from overlord.text import (cause_text, escape_block, escape_path, escape_text,  # noqa: F401
+                           finding_line)                                       # (re-exported)
 
 # What a command may have left a terminal in, undone: attributes (SGR 0: colours, SGR 8 hidden
 # text), the G0 character set shifted in and set to ASCII (SI, ESC ( B: no line-drawing glyphs),
@@ -103,10 +104,3 @@ def table(rows):
         cells = [str(c).ljust(w) for c, w in zip(r, widths)] + [str(r[-1])]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
-
-
-def finding_line(finding):
-    """One content-gate finding as a person reads it: `warn  secrets  config.py:3  AWS access
-    key AKIA…` (every byte that came from the session escaped)."""
-    where = escape_path(finding.path) + (f":{finding.line}" if finding.line else "")
-    return f"{finding.severity}  {finding.kind}  {where}  {escape_text(finding.what)}"
