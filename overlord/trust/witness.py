@@ -60,16 +60,27 @@ def check_url(url):
     return url
 
 
+_MISSING = object()                  # _load_json's answer for a file that is not there
+
+
+def _load_json(path, what):
+    """The JSON file's value, _MISSING when there is none; OverlordError "WHAT PATH: cannot be
+    read (why)" when it cannot be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return _MISSING
+    except (ValueError, OSError, RecursionError) as exc:
+        raise OverlordError(f"{what} {escape_path(path)}: cannot be read ({exc})") from None
+
+
 def load_config():
     """{"url", "auto"} or None when no witness is configured."""
     path = config_path()
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
+    data = _load_json(path, "witness config")
+    if data is _MISSING:
         return None
-    except (ValueError, OSError, RecursionError) as exc:
-        raise OverlordError(f"witness config {escape_path(path)}: cannot be read ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("url"), str) \
             or not isinstance(data.get("auto", False), bool):
         raise OverlordError(f"witness config {escape_path(path)}: not {{\"url\": ..., \"auto\": bool}}")
@@ -365,13 +376,9 @@ class Receiver:
         self.head = self._load()
 
     def _load(self):
-        try:
-            with open(self.store_path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
+        data = _load_json(self.store_path, "witness store")
+        if data is _MISSING:
             return None
-        except (OSError, ValueError, RecursionError) as exc:
-            raise OverlordError(f"witness store {escape_path(self.store_path)}: cannot be read ({exc})") from None
         return check_head(data, f"witness store {escape_path(self.store_path)}")
 
     def post(self, data):
