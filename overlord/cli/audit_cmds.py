@@ -86,13 +86,16 @@ def signed_word(report):
     return "UNSIGNED (no audit key: the lines carry no MAC, only their seq order is checked)"
 
 
+def _broken(bad):
+    return f"BROKEN at line {bad['line']} (seq {bad['seq']}): {R.escape_text(bad['why'])}"
+
+
 def doctor_line(report):
     """doctor's audit line: signed/UNSIGNED, the line count, ok or the first bad line."""
     if report is None or "error" in report:
         return "audit chain: cannot be checked (" + R.escape_text(str((report or {}).get("error"))) + ")"
     bad = report["bad"]
-    state = "ok" if bad is None else \
-        f"BROKEN at line {bad['line']} (seq {bad['seq']}): {R.escape_text(bad['why'])}"
+    state = "ok" if bad is None else _broken(bad)
     word = "signed" if report["signed"] else "UNSIGNED"
     return f"audit chain: {word}, {report['lines']} line{'s' if report['lines'] != 1 else ''}, {state}"
 
@@ -106,8 +109,7 @@ def cmd_verify(args):
         print(f"lines: {report['lines']}")
         print(f"head: {_head_text(report['head'])}")
         bad = report["bad"]
-        print("chain: ok" if bad is None else
-              f"chain: BROKEN at line {bad['line']} (seq {bad['seq']}): {R.escape_text(bad['why'])}")
+        print("chain: ok" if bad is None else f"chain: {_broken(bad)}")
         for part in ("pin", "witness"):
             got = report[part]
             if got is not None:
