@@ -146,7 +146,7 @@ def cmd_show(args):
         ts = e.get("ts")
         table.append((_cell(e.get("seq")), R.when(ts) if isinstance(ts, (int, float)) else _cell(ts),
                       _cell(e.get("actor")), _cell(e.get("action")), _cell(e.get("sid")),
-                      _cell(e.get("target")), _cell(_details(e)) if _details(e) else ""))
+                      _cell(e.get("target")), _cell(_details(e))))
     if len(table) > 1:
         print(R.table(table))
     return 0
