@@ -83,7 +83,7 @@ def load_key(path=None):
     not the caller's, readable or writable by group/other, or not 32 bytes raises
     OverlordError naming the file."""
     path = path or key_path()
-    opened = _open_owned(path, os.O_RDONLY, _key_error, 0o077, "reach")
+    opened = open_owned(path, os.O_RDONLY, _key_error, 0o077, "reach")
     if opened is None:
         return None
     fd, st = opened
@@ -155,11 +155,11 @@ def _log_error(path, what):
 
 def _open_log(path, create):
     flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
-    opened = _open_owned(path, flags, _log_error, 0o022, "write")
+    opened = open_owned(path, flags, _log_error, 0o022, "write")
     return None if opened is None else opened[0]
 
 
-def _open_owned(path, flags, error, mask, verb, fix="it must be 0600", root_ok=False):
+def open_owned(path, flags, error, mask, verb, fix="it must be 0600", root_ok=False):
     """(fd, stat) of a regular file of the caller's (root_ok: or root's) with no `mask` mode
     bits, never through a symlink, opened non-blocking (a FIFO planted there cannot hang the
     caller); None when it does not exist; else error(path, what) is raised, `fix` saying
@@ -216,12 +216,12 @@ def _tail(fd, path):
         raise _log_error(path, "the last line is not an audit record; nothing is appended "
                          "after it (`overlord audit verify` names it)") from None
     mac = last.get("mac")
-    if mac is not None and not _is_hex64(mac):
+    if mac is not None and not is_hex64(mac):
         raise _log_error(path, f"the last line (seq {seq}) carries a malformed mac")
     return seq, mac
 
 
-def _is_hex64(value):
+def is_hex64(value):
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
@@ -339,7 +339,7 @@ def attested(seq, offset):
     key = load_key()
     if key is None or type(seq) is not int or type(offset) is not int or offset < 0:
         raise OverlordError(where)
-    opened = _open_owned(path, os.O_RDONLY, _log_error, 0o022, "write")
+    opened = open_owned(path, os.O_RDONLY, _log_error, 0o022, "write")
     if opened is None:
         raise OverlordError(where)
     fd = opened[0]
@@ -379,7 +379,7 @@ def _mac_field(line):
     if not (tail.startswith(MAC_SUFFIX) and tail.endswith(b'"}')):
         return b""
     mac = tail[len(MAC_SUFFIX):-2]
-    return mac if _is_hex64(mac.decode("ascii", "replace")) else b""
+    return mac if is_hex64(mac.decode("ascii", "replace")) else b""
 
 
 def _after_append(entry):
@@ -456,7 +456,7 @@ def checkpoint():
 def check_head(value, what):
     """A {seq, hash} (pin) as (seq, hash), or OverlordError naming `what`."""
     if not isinstance(value, dict) or type(value.get("seq")) is not int or value["seq"] < 1 \
-            or not _is_hex64(value.get("hash")):
+            or not is_hex64(value.get("hash")):
         raise OverlordError(f"{what} is not {{\"seq\": N, \"hash\": \"<64 hex>\"}}")
     return value["seq"], value["hash"]
 

@@ -329,8 +329,8 @@ def _read(path, trusted=True):
     the user (or root) and writable by no one else -- a policy someone else can write governs
     nothing. Another file (`policy check FILE`, `policy set FILE`) is the one the user named."""
     if trusted:
-        opened = audit._open_owned(path, os.O_RDONLY, _untrusted, 0o022, "write",
-                                   fix=f"chmod go-w {escape_path(path)}", root_ok=True)
+        opened = audit.open_owned(path, os.O_RDONLY, _untrusted, 0o022, "write",
+                                  fix=f"chmod go-w {escape_path(path)}", root_ok=True)
         if opened is None:
             return None
         fd, st = opened

@@ -259,7 +259,7 @@ def send(url=None, head=None):
 def check_head(value, where):
     """A {seq, hash, mac} head (as the witness serves it) or OverlordError."""
     if not isinstance(value, dict) or type(value.get("seq")) is not int or value["seq"] < 1 \
-            or not audit._is_hex64(value.get("hash")) or not audit._is_hex64(value.get("mac")):
+            or not audit.is_hex64(value.get("hash")) or not audit.is_hex64(value.get("mac")):
         raise OverlordError(f"{where} served no head {{\"seq\", \"hash\", \"mac\"}}")
     return {"seq": value["seq"], "hash": value["hash"], "mac": value["mac"]}
 
