@@ -57,7 +57,7 @@ class Dossier:
     text: str
     nonce: str
     fingerprint: str
-    rows: list                  # verdict.rows(): [kind, path, before, after, details-json]
+    rows: list                  # verdict.rows(): [kind, path, before, after, details, xattrs]
     unseen: dict                # path -> why the dossier does not show it whole
     sizes: dict                 # unseen path -> its size in the session (what "whole" is)
 
