@@ -3,7 +3,7 @@ overlord.ops.audit, render; every byte that came from a record is escaped."""
 import json
 import sys
 
-from overlord import ops as A
+from overlord import ops
 from overlord.cli import render as R
 from overlord.errors import UsageError
 from overlord.text import jsonable
@@ -101,7 +101,7 @@ def doctor_line(report):
 
 
 def cmd_verify(args):
-    report = A.audit_verify(pin=args.pin, use_witness=args.witness)
+    report = ops.audit_verify(pin=args.pin, use_witness=args.witness)
     if args.json:
         _dump(report)
     else:
@@ -137,7 +137,7 @@ def _cell(value):
 
 
 def cmd_show(args):
-    rows = A.audit_show(since=args.since, action=args.action)
+    rows = ops.audit_show(since=args.since, action=args.action)
     if args.json:
         _dump(rows)
         return 0
@@ -153,7 +153,7 @@ def cmd_show(args):
 
 
 def cmd_key(args):
-    info = A.audit_key()
+    info = ops.audit_key()
     if args.json:
         _dump(info)
     else:
@@ -163,7 +163,7 @@ def cmd_key(args):
 
 
 def cmd_checkpoint(args):
-    out = A.audit_checkpoint(args.file, send=args.send)
+    out = ops.audit_checkpoint(args.file, send=args.send)
     if not args.file:
         print(_head_text(out))
     if args.send:
@@ -174,7 +174,7 @@ def cmd_checkpoint(args):
 def cmd_witness(args):
     if args.url is None and args.auto:
         raise UsageError("--auto needs the witness URL")
-    conf = A.audit_witness(args.url, auto=args.auto)
+    conf = ops.audit_witness(args.url, auto=args.auto)
     if args.json:
         _dump(conf)
         return 0
@@ -192,7 +192,7 @@ def cmd_witness(args):
 def cmd_witness_serve(args):
     def ready(url):
         print(f"witness listening on {url} (store {R.escape_path(args.store)})", flush=True)
-    return A.audit_witness_serve(args.bind, args.store, key_file=args.key, on_ready=ready)
+    return ops.audit_witness_serve(args.bind, args.store, key_file=args.key, on_ready=ready)
 
 
 ACTIONS = {"verify": cmd_verify, "show": cmd_show, "key": cmd_key, "checkpoint": cmd_checkpoint,
