@@ -190,17 +190,12 @@ def _committed_diffs(sid, rows):
 
 
 def _checks(sid):
-    """The content gate over the staged change (gate_report), or {error, findings: []} when it
-    cannot be run (a broken policy file refuses it)."""
+    """The content gate over the staged change (`check --json`'s shape, docs/JSON.md), or
+    {error, findings: []} when it cannot be run (a broken policy file refuses it)."""
     try:
-        return gate_report(ops.check(sid))
+        return ops.check(sid).as_dict()
     except OverlordError as exc:
         return {"error": str(exc), "findings": []}
-
-
-def gate_report(report):
-    """A CheckReport as JSON (docs/JSON.md, `check --json`): blocks, findings, counts."""
-    return report.as_dict()
 
 
 def _reviews(sid, meta, staged):
@@ -353,7 +348,7 @@ def revert(app, req, sid):
 
 def check(app, req, sid):
     """The content gate over the staged change (what Commit will be told)."""
-    return gate_report(ops.check(sid))
+    return ops.check(sid).as_dict()
 
 
 # -- the countersignature: a second model reviews the staged change -------------------------------
