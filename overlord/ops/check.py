@@ -7,7 +7,7 @@ complete approval; a warning is only shown. Reading only: nothing is recorded.
 """
 import dataclasses
 
-from overlord.errors import OverlordError, UsageError
+from overlord.errors import OverlordError
 from overlord.trust import gate, policy
 from overlord.txn import history, store
 from overlord.ops.grants import require_target
@@ -44,9 +44,7 @@ def check(sid, only=(), drop=()):
         raise OverlordError(f"cannot check session {sid}: it is {state} (its changes are no "
                             "longer staged)")
     require_target(session.target, session.meta.get("target_id"))
-    chosen = history.select(session, only, drop)
-    if chosen is not None and not chosen:
-        raise UsageError("the selectors leave no savepoint to check")
+    chosen = history.select_some(session, only, drop, "check")
     plan = session.plan(chosen)
     rule = policy.rule(session.target)
     findings = gate.scan(session.target, plan, rule["checks"])

@@ -115,13 +115,13 @@ def review(sid, *, provider=None, model=None, base_url=None, headers=None, knobs
                             "anyway, and the verdict records that)")
     require_target(session.target, session.meta.get("target_id"))
     selection = V.selection(only, drop)
-    _select(session, only, drop)
+    history.select_some(session, only, drop, "review")
     audit.ready()
     with _one_review(session), T.exclusive(session.dir, "review"):
         with locks.TargetLock(session.target):
             session = get_session(sid)
             _require_open(session)
-            chosen = _select(session, only, drop)
+            chosen = history.select_some(session, only, drop, "review")
             view = L.stack(session.read_layers(chosen))
             plan = C.plan(view, session.target, session.dialect, session.recorded(chosen))
             rows = V.rows(session.target, plan)
@@ -166,13 +166,6 @@ def _require_open(session):
     if state not in store.OPEN_STATES:
         raise OverlordError(f"cannot review session {session.sid}: it is {state} (only a pending "
                             "change can be reviewed)")
-
-
-def _select(session, only, drop):
-    chosen = history.select(session, only, drop)
-    if chosen is not None and not chosen:
-        raise UsageError("the selectors leave no savepoint to review")
-    return chosen
 
 
 def _next_number(session):

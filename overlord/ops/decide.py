@@ -62,9 +62,7 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
         raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
     if merge and not shutil.which("git"):
         raise OverlordError("commit --merge needs git (git merge-file); install git")
-    chosen = history.select(session, only, drop)
-    if chosen is not None and not chosen:
-        raise UsageError("the selectors leave no savepoint to commit")
+    chosen = history.select_some(session, only, drop, "commit")
     with locks.TargetLock(session.target):
         layers = session.read_layers(chosen)
         view = L.stack(layers)

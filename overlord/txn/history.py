@@ -171,6 +171,14 @@ def select(session, only=(), drop=()):
     return chosen
 
 
+def select_some(session, only, drop, act):
+    """select(), refusing (UsageError) selectors that leave no savepoint to `act` on."""
+    chosen = select(session, only, drop)
+    if chosen is not None and not chosen:
+        raise UsageError(f"the selectors leave no savepoint to {act}")
+    return chosen
+
+
 def _split(items):
     return [s.strip() for item in items or () for s in item.split(",") if s.strip()]
 
