@@ -117,7 +117,7 @@ def _make_key(path):
             os.link(tmp, path)
         except FileExistsError:
             pass                                    # another process made it first
-        _sync_dir(os.path.dirname(path))
+        store.fsync_dir(os.path.dirname(path))
     finally:
         try:
             os.unlink(tmp)
@@ -127,14 +127,6 @@ def _make_key(path):
     if key is None:
         raise _key_error(path, "vanished while it was being made")
     return key
-
-
-def _sync_dir(path):
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def mac_of(key, prev, canonical):
@@ -324,7 +316,7 @@ def append_located(action, *, sid=None, target=None, actor=None, **details):
             raise _log_error(path, f"could not append ({err})")
         os.fsync(fd)
         if not existed:
-            _sync_dir(home)
+            store.fsync_dir(home)
     finally:
         os.close(fd)                                # releases the lock
     entry["mac"] = mac

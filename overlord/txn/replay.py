@@ -117,7 +117,7 @@ class Journal:
     def save(self):
         os.makedirs(journal_dir(), mode=0o700, exist_ok=True)
         store.write_json_atomic(journal_path(self.sid), self.data, sort_keys=False)
-        _fsync_dir(journal_dir())
+        store.fsync_dir(journal_dir())
 
     def finish(self):
         """Everything is on disk: from here recovery completes the commit, never undoes it
@@ -125,14 +125,6 @@ class Journal:
         self.data = {k: v for k, v in self.data.items() if k != "steps"}
         self.data.update(state="done", steps=[])
         self.save()
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- replay ------------------------------------------------------------------------------------

@@ -81,11 +81,16 @@ def write_json_atomic(path, data, mode=0o600, sort_keys=True, indent=None, sync_
             pass
         raise
     if sync_dir:
-        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(os.path.dirname(path) or ".")
+
+
+def fsync_dir(path):
+    """Make the entries just made or renamed in the directory at path durable."""
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def append_jsonl(path, records):
