@@ -18,7 +18,6 @@ verify names it.
 """
 import errno
 import fcntl
-import hashlib
 import hmac
 import json
 import os
