@@ -346,7 +346,7 @@ def attested(seq, offset):
     finally:
         os.close(fd)
     mac = _mac_field(raw)
-    canonical = raw[:-(len(MAC_SUFFIX) + 64 + 2)] + b"}"
+    canonical = raw[:-SUFFIX_LEN] + b"}"
     if not mac or (offset > 0 and not prev) or \
             not hmac.compare_digest(mac_of(key, prev.decode("ascii"), canonical), mac.decode("ascii")):
         raise OverlordError(where)
@@ -366,7 +366,7 @@ def _line_at(fd, offset, cap=1 << 20):
 
 def _mac_field(line):
     """The hex mac a signed line ends with, as bytes; b"" when it has none."""
-    tail = line[-(len(MAC_SUFFIX) + 64 + 2):]
+    tail = line[-SUFFIX_LEN:]
     if not (tail.startswith(MAC_SUFFIX) and tail.endswith(b'"}')):
         return b""
     mac = tail[len(MAC_SUFFIX):-2]
