@@ -71,13 +71,23 @@ def _inside(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _may_be_dir(item):
+    """Could the path itself hold a checkout? A bare path might; a Change only when either
+    side of it is a directory (a file's own path is never a checkout's root)."""
+    real, entry = getattr(item, "real", None), getattr(item, "entry", None)
+    if entry is None and real is None:
+        return not hasattr(item, "path")
+    return (real is not None and stat.S_ISDIR(real.st_mode)) or getattr(entry, "kind", None) == "dir"
+
+
 def _checkouts_below(target, paths):
     """Every directory D below the target, D an ancestor of (or equal to) a changed path,
     whose real D/overlord is an OVERLORD package. Each candidate is looked at once."""
     seen, found = {}, []
     for item in paths:
         comps = getattr(item, "path", item).split("/")
-        for i in range(1, len(comps) + 1):
+        last = len(comps) if _may_be_dir(item) else len(comps) - 1
+        for i in range(1, last + 1):
             root = "/".join(comps[:i])
             if root in seen:
                 continue
