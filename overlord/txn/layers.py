@@ -243,16 +243,20 @@ def split_links(layers, view):
     show whichever version it looked up first: what the command saw is not determined by the
     layers, and commit must refuse rather than guess."""
     out = []
-    for entries in layers:
+    for i, entries in enumerate(layers):
         groups = {}
         for path, e in entries.items():
             if e.kind == "file" and e.st.st_nlink > 1:
                 groups.setdefault(e.st.st_ino, []).append(path)
         for paths in groups.values():
             live = [p for p in paths if view.get(p) is entries[p]]
-            copied = [p for p in paths if p in view and view[p] is not entries[p]
-                      and view[p].kind == "file"]
-            if live and copied:
+            if not live:
+                continue
+            # a later layer's copy-up of another name splits the group, even when that name
+            # was renamed or removed afterwards: the copy is what fuse may show for the rest
+            copied = [p for p in paths if view.get(p) is not entries[p] and any(
+                later.get(p) is not None and later[p].kind == "file" for later in layers[i + 1:])]
+            if copied:
                 out.extend(live + copied)
     return sorted(set(out))
 

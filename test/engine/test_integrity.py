@@ -213,6 +213,28 @@ def test_fuse_wh_names_never_delete(home, tmp_path):
     assert sorted(os.listdir(t / "d")) == ["inner", "keep"]
 
 
+def test_fuse_link_group_split_by_a_copy_up_of_a_name_renamed_away_is_refused(home, tmp_path):
+    """(Red before the fix: found with differential seed 1211 as an ordinary user.) @0 links
+    x to f, @1 links x to n32 and sets an xattr through x -- fuse-overlayfs copies the group up
+    under the name f -- and @2 renames f away. x lives on in @0 without the xattr, the copy in
+    @1 has it, and which one fuse shows for x is not fixed by the layers: commit must refuse,
+    never land one of them as what the command saw."""
+    ovl = fuse_ovl(home)
+    t = tmp_path / "t"
+    (t / "d").mkdir(parents=True)
+    (t / "d" / "x").write_text("line\n")
+    sid, proc = ovl.run(t, sys.executable, "-c", "import os; os.link('d/x', 'd/f')")
+    assert sid, (proc.out, proc.err)
+    ovl("exec", sid, "--", sys.executable, "-c", "import os; os.link('d/x', 'n32'); "
+        "os.setxattr('d/x', 'user.k', b'v')", check=0)
+    ovl("exec", sid, "--", sys.executable, "-c", "import os; os.rename('d/f', 'tab')", check=0)
+    before = tree(t), snapshot(t)
+    for args in (("commit", sid), ("commit", "--force", sid)):
+        line = one_line(ovl(*args))
+        assert "hard link split across savepoints" in line and "d/" in line, line
+        assert (tree(t), snapshot(t)) == before
+
+
 def test_fuse_overlay_xattrs_a_command_sets_are_never_markers(home, tmp_path):
     """On fuse, user.overlay.opaque set by a command must never make commit delete what is
     under the directory, and what a later command sees there is what commit lands (or commit
