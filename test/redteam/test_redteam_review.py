@@ -91,7 +91,7 @@ def test_meta_target_rewritten_between_review_and_commit_is_refused(ovl, home, t
         one_line(proc)
 
 
-@pytest.mark.xfail(strict=True, reason="known hole: a same-user process that rewrites the session record (meta.json, provenance) steers the drift check: records are not keyed until the signed audit chain (issue 11)")
+@pytest.mark.xfail(strict=True, reason="known hole: a same-user process that rewrites the session record (meta.json, provenance) steers the drift check: the session record is not bound to the signed audit chain (only verdicts are, since issue 11)")
 def test_meta_open_stamp_rewritten_hides_drift(ovl, home, target):
     """Known hole (xfail, strict). Drift detection rests on meta.json's open_stamp_ns (ctime >= stamp means "changed
     outside after the session opened"). A same-user process moves the stamp into the future
@@ -120,7 +120,7 @@ def test_meta_open_stamp_rewritten_hides_drift(ovl, home, target):
     one_line(proc)
 
 
-@pytest.mark.xfail(strict=True, reason="known hole: the seal is an unkeyed digest kept beside the layer: tampering that also rewrites the seal and meta.json passes until seals are keyed (issue 11)")
+@pytest.mark.xfail(strict=True, reason="known hole: the seal is an unkeyed digest kept beside the layer: tampering that also rewrites the seal and meta.json passes: seals are not yet keyed or bound to the audit chain (issue 11 binds verdicts only)")
 def test_layer_tampered_and_resealed_is_refused(ovl, home, target):
     """Known hole (xfail, strict; design: the seal is an unkeyed hash kept next to what it protects). A same-user
     process adds backdoor.py to a sealed layer, re-runs the seal over it and writes the new

@@ -1,9 +1,8 @@
 """Red-team review of issue 11 (the signed record and the two-person rule): holes in "what
 lands is exactly what was reviewed and allowed" and "the signed chain proves what happened".
 
-A test marked xfail(strict=True, reason="HOLE: ...") reproduced a hole on this machine: it
-asserts the safe behaviour, so it fails until the hole is closed -- and then, being strict,
-turns red until its marker goes. Unmarked tests prove a defence holds.
+Twelve tests here first reproduced a hole (as strict xfails) and now guard its fix; the rest
+prove a defence held from the start. Each asserts the safe behaviour.
 """
 import http.server
 import json
@@ -20,10 +19,6 @@ from test_redteam_review import one_line
 SECRET_HEAD, SECRET_TAIL = "AKIA", "Z7Q3XW9R2MB4KT6P"   # joined only inside the session:
 SECRET = SECRET_HEAD + SECRET_TAIL                      # never whole in any argv
 WRITE_SECRET = f"python3 -c \"open('{{0}}','w').write('key_id = '+'{SECRET_HEAD}'+'{SECRET_TAIL}'+'\\n')\""
-
-
-def hole(why):
-    return pytest.mark.xfail(strict=True, reason=f"HOLE: {why}")
 
 
 def set_policy(ovl, tmp_path, doc):
