@@ -24,6 +24,13 @@ class NotFound(OverlordError):
     http_status = 404
 
 
+class Denied(OverlordError):
+    """Refused by policy for a brokered caller (the daemon, the MCP server, a harness hook):
+    the message names the policy file and the key that would allow it (exit 1, HTTP 403)."""
+
+    http_status = 403
+
+
 class Conflict(OverlordError):
     """Commit refused: the real tree changed under the session (drift)."""
 

@@ -4,14 +4,16 @@ import os
 import sys
 
 from overlord import __version__, ops
-from overlord.cli import agent_cmds, audit_cmds, check_cmd, policy_cmds, review_cmd
+from overlord.cli import (agent_cmds, audit_cmds, check_cmd, daemon_cmd, hook_cmd, mcp_cmd,
+                          policy_cmds, review_cmd)
 from overlord.cli import ui_cmd
 from overlord.cli import render as R
 from overlord.errors import OverlordError, UsageError
 from overlord.text import jsonable
 
 TRACE_VALUES = ("strace", "ebpf")
-TRUST_CLI = (audit_cmds, policy_cmds, check_cmd, review_cmd)   # each: add_parsers(sub), COMMANDS
+FACE_CLI = (audit_cmds, policy_cmds, check_cmd, review_cmd,        # each: add_parsers(sub), COMMANDS
+            daemon_cmd, mcp_cmd, hook_cmd)
 
 
 class Parser(argparse.ArgumentParser):
@@ -222,7 +224,7 @@ def build_parser():
                         "OVERLORD_HOME. Exits 1 when no backend can run.")
     dr.add_argument("--json", action="store_true", help="machine-readable output")
     agent_cmds.add_parsers(sub)
-    for module in TRUST_CLI:
+    for module in FACE_CLI:
         module.add_parsers(sub)
     ui_cmd.add_parser(sub)
     return p
@@ -276,7 +278,7 @@ def dispatch(argv):
     if cmd is not None:
         raise UsageError(f"'{args.command}' takes no command after --")
     table = {**COMMANDS, **agent_cmds.COMMANDS, **ui_cmd.COMMANDS}
-    for module in TRUST_CLI:
+    for module in FACE_CLI:
         table.update(module.COMMANDS)
     return table[args.command](args)
 

@@ -1,39 +1,56 @@
-"""The service layer: every operation a face (CLI, web, daemon) offers, implemented once.
+"""The service layer: every operation a face (CLI, web, daemon, MCP server) offers, implemented once.
 
 Faces parse and render; they call these functions and nothing below them. Results are data
 (dataclasses and dicts); errors are OverlordError subclasses carrying their exit code.
-"""
-from overlord.ops.audit import (audit_checkpoint, audit_key, audit_show, audit_status, audit_verify,
-                                audit_witness, audit_witness_serve)
-from overlord.ops.agent import AgentResult, agent, keys_list, keys_set, models, resume, transcript
-from overlord.ops.countersign import Standing, review, reviews, standing
-from overlord.ops.check import CheckReport, check
-from overlord.ops.decide import CommitResult, commit, recover, rollback
-from overlord.ops.doctor import DoctorReport, containment_layers, doctor, sessions
-from overlord.ops.execute import (Captured, ExecResult, RunResult, command_cause, enforcement, exec_capture,
-                                  exec_in, run)
-from overlord.ops.grants import (crossed_grant, load_manifest, merge_grants, require_target,
-                                 resolve_target, validate_grants)
-from overlord.ops.history import compare, fork, rewind, savepoints
-from overlord.ops.kept import committed_diff
-from overlord.ops.policy import PolicyView, policy_cap_preview, policy_check, policy_set, policy_show
-from overlord.ops.revert import revert
-from overlord.ops.review import (KINDS, LogRecord, blame, change_words, describe, diff, get_session, log,
-                                 resolve_sid, syscalls, traced, unified)
 
-__all__ = [
-    "audit_checkpoint", "audit_key", "audit_show", "audit_status", "audit_verify", "audit_witness",
-    "audit_witness_serve",
-    "AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript",
-    "Standing", "review", "reviews", "standing",
-    "CheckReport", "check",
-    "CommitResult", "commit", "recover", "rollback",
-    "DoctorReport", "containment_layers", "doctor", "sessions",
-    "Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run",
-    "crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target",
-    "validate_grants",
-    "compare", "fork", "rewind", "savepoints", "revert", "committed_diff",
-    "PolicyView", "policy_cap_preview", "policy_check", "policy_set", "policy_show",
-    "KINDS", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid",
-    "syscalls", "traced", "unified",
-]
+Names are loaded on first use (PEP 562), so a face pays only for the operations it calls:
+`overlord --help` imports none of them, `overlord exec` only the engine's run path.
+"""
+import importlib
+import sys
+import types
+
+_EXPORTS = {
+    "audit": ("audit_checkpoint", "audit_key", "audit_show", "audit_status", "audit_verify", "audit_witness", "audit_witness_serve"),
+    "agent": ("AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript"),
+    "countersign": ("Standing", "review", "reviews", "standing"),
+    "check": ("CheckReport", "check"),
+    "decide": ("CommitResult", "commit", "recover", "rollback"),
+    "doctor": ("DoctorReport", "containment_layers", "doctor", "sessions"),
+    "execute": ("Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run"),
+    "grants": ("crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target", "validate_grants"),
+    "history": ("compare", "fork", "rewind", "savepoints"),
+    "kept": ("committed_diff",),
+    "policy": ("PolicyView", "policy_cap_preview", "policy_check", "policy_set", "policy_show"),
+    "revert": ("revert",),
+    "review": ("KINDS", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid", "syscalls", "traced", "unified"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'overlord.ops' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"overlord.ops.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))
+
+
+class _Ops(types.ModuleType):
+    """Importing a submodule binds it on its package; where it shares a name with an
+    operation (agent, check, review, revert) the operation keeps the name."""
+
+    def __setattr__(self, name, value):
+        if name in _WHERE and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Ops

@@ -23,7 +23,7 @@ from overlord.trust import audit, policy
 # -- the launcher hook --------------------------------------------------------------------------
 # Namespaces come from a fresh single-threaded process (DESIGN.md): a threaded face (the web UI)
 # must never clone them itself. Such a face forks a single-threaded helper before its first
-# thread (overlord/web/launcher.py) and sets `launcher` to the helper's client. From then on
+# thread (overlord/ops/launcher.py) and sets `launcher` to the helper's client. From then on
 # run() and exec_in() -- and so exec_capture() and every tool call of an agent running in one of
 # the face's threads -- are performed by the helper and come back as the same results. The
 # helper itself keeps `launcher` None. A pty or an on_child hook cannot cross the process
@@ -55,7 +55,8 @@ class RunResult:
 
 
 def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, stack=False,
-        pty_slave=None, cause=None, on_child=None, track_stdout=False, close_if_unchanged=None):
+        pty_slave=None, cause=None, on_child=None, track_stdout=False, close_if_unchanged=None,
+        stdio=None, cancel=None):
     """Open a session on target, run one command in it, leave it pending. Returns RunResult.
 
     A command that changed nothing leaves the session `unchanged`: closed, so it blocks no
@@ -94,7 +95,9 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
         watch = StdoutWatch() if track_stdout and pty_slave is None else None
         try:
             outcome, count = _execute(session, mod, argv, cause, pty_slave=pty_slave,
-                                      on_child=on_child, stdio=watch.start() if watch else None)
+                                      on_child=on_child,
+                                      stdio=(watch.start() if watch else None) or stdio,
+                                      cancel=cancel)
         except LaunchError:
             remove_tree(session.dir)      # a launch that failed leaves no half-made session
             raise

@@ -11,6 +11,8 @@ library's http.server, calling overlord.ops in-process.
     stop.py      a Cancel that can interrupt a model call blocked in another thread
     settings.py  the workspace's settings (per-provider profiles), validated, stored 0600
     pages.py     the HTML templates, filled with escaped values and a per-response nonce
-    launcher.py  the single-threaded helper that opens sessions and runs commands
     static/      the pages' CSS and JavaScript, as files (no build step, nothing fetched)
+
+The single-threaded helper that opens sessions and runs commands for this threaded server is
+overlord/ops/launcher.py (the daemon and the MCP server use it too).
 """

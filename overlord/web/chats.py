@@ -16,7 +16,8 @@ import time
 from overlord import ops
 from overlord.agent.cancel import Cancelled
 from overlord.errors import NotFound, OverlordError, UsageError
-from overlord.web import launcher, settings as S
+from overlord.ops import launcher
+from overlord.web import settings as S
 from overlord.web.stop import Stop
 
 AUDIT = "/audit"

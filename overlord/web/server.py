@@ -6,7 +6,7 @@ Host (421) -> path (400) -> /healthz -> ?token= exchange (303) -> token (401) ->
 become JSON with their status (never a 500 for a client's mistake).
 
 The server calls overlord.ops in-process. Before its first thread it forks the launcher
-(launcher.py), which performs every session open and command for it: namespaces never come
+(overlord/ops/launcher.py), which performs every session open and command for it: namespaces never come
 from this multithreaded process.
 """
 import http.server
@@ -24,7 +24,8 @@ import urllib.parse
 from overlord import ops
 from overlord.errors import OverlordError, UsageError
 from overlord.ops import execute
-from overlord.web import api, launcher, pages, security
+from overlord.ops import launcher
+from overlord.web import api, pages, security
 from overlord.web import settings as S
 from overlord.web.chats import Chats
 from overlord.web.reviews import Reviews

@@ -2,9 +2,9 @@
 
 The kernel backend clones namespaces from the calling process and runs Python in the child;
 from a multithreaded server that is unsafe (a lock another thread held at the clone stays held
-forever in the child). So `overlord ui` forks this helper at start-up, before its first thread,
-and sets `ops.execute.launcher` to a Client: every `run` and `exec_in` made anywhere in the
-server (the agent's tool calls included) travels here instead.
+forever in the child). So a threaded face (`overlord ui`, `overlord daemon`, `overlord mcp serve`)
+calls start() before its first thread and hands the Client to ops.use_launcher: every `run` and
+`exec_in` made anywhere in that process (the agent's tool calls included) travels here instead.
 
     server thread ──request + reply socket + stdio fds──▶ helper (one loop, never a thread)
                                                             └─fork─▶ worker: ops.run / exec_in
@@ -76,21 +76,22 @@ class Client:
         return answer
 
     def run(self, argv, target=None, backend=None, grants=None, trace=None, wait=False,
-            stack=False, cause=None):
+            stack=False, cause=None, close_if_unchanged=None, stdio=None, cancel=None):
         from overlord.ops.execute import RunResult
         from overlord.ops.review import get_session
+        fds = _stdio_fds(stdio)
         a = self.call({"op": "run", "argv": list(argv), "target": target, "backend": backend,
                        "grants": grants, "trace": trace, "wait": wait, "stack": stack,
-                       "cause": cause})
+                       "cause": cause, "close_if_unchanged": close_if_unchanged,
+                       "stdio": len(fds)}, fds, cancel)
         _opened(a["sid"])
         return RunResult(a["sid"], a["exit_code"], a["timed_out"], a["state"],
-                         get_session(a["sid"]).plan(), a["syscalls"])
+                         get_session(a["sid"]).plan(), a["syscalls"], notes=a["notes"],
+                         layer=a["layer"])
 
     def exec_in(self, sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=None):
         from overlord.ops.execute import ExecResult
-        fds = [fd for fd in stdio or () if fd is not None]
-        if stdio is not None and len(fds) != len(stdio):
-            raise OverlordError("the launcher takes stdio as three descriptors")
+        fds = _stdio_fds(stdio)
         a = self.call({"op": "exec_in", "sid": sid, "argv": list(argv), "cause": cause,
                        "timeout": timeout, "wait": wait, "stdio": len(fds)}, fds, cancel)
         return ExecResult(a["sid"], a["exit_code"], a["timed_out"], a["layer"])
@@ -107,6 +108,13 @@ class Client:
                 os.waitpid(self.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+
+
+def _stdio_fds(stdio):
+    fds = [fd for fd in stdio or () if fd is not None]
+    if stdio is not None and len(fds) != 3:
+        raise OverlordError("the launcher takes stdio as three descriptors")
+    return fds
 
 
 _local = threading.local()
@@ -240,9 +248,11 @@ def _perform(request, stdio, cancel):
     if op == "run":
         r = execute.run(request["argv"], target=request["target"], backend=request["backend"],
                         grants=request["grants"], trace=request["trace"], wait=request["wait"],
-                        stack=request["stack"], cause=request["cause"])
+                        stack=request["stack"], cause=request["cause"],
+                        close_if_unchanged=request["close_if_unchanged"],
+                        stdio=tuple(stdio) if request["stdio"] else None, cancel=cancel)
         return {"sid": r.sid, "exit_code": r.exit_code, "timed_out": r.timed_out, "state": r.state,
-                "syscalls": r.syscalls}
+                "syscalls": r.syscalls, "notes": r.notes, "layer": r.layer}
     if op == "exec_in":
         r = execute.exec_in(request["sid"], request["argv"], cause=request["cause"],
                             timeout=request["timeout"], wait=request["wait"],
@@ -251,3 +261,24 @@ def _perform(request, stdio, cancel):
     if op == "probe":
         return {"backends": {name: list(v) for name, v in backends.probe_all().items()}}
     raise OverlordError(f"the launcher does not know {op!r}")
+
+
+class serving:
+    """`with launcher.serving():` -- for a threaded face (web, daemon, MCP server): fork the
+    helper (call while still single-threaded), route run/exec_in through it, and on exit stop
+    routing and let the helper go."""
+
+    def __enter__(self):
+        from overlord.ops import execute
+        self.client = start()
+        try:
+            execute.use_launcher(self.client)
+        except BaseException:
+            self.client.close()
+            raise
+        return self.client
+
+    def __exit__(self, *exc):
+        from overlord.ops import execute
+        execute.launcher = None
+        self.client.close()

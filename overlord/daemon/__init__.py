@@ -1,0 +1,1 @@
+"""`overlord daemon`: the policy-brokered resident broker on a unix socket (issue 12)."""

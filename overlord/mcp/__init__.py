@@ -1,0 +1,1 @@
+"""`overlord mcp serve`: OVERLORD as a Model Context Protocol server (issue 12)."""
