@@ -13,17 +13,20 @@ import types
 _EXPORTS = {
     "audit": ("audit_checkpoint", "audit_key", "audit_show", "audit_status", "audit_verify", "audit_witness", "audit_witness_serve"),
     "agent": ("AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript"),
+    "cancel": ("Cancel", "Cancelled"),
     "countersign": ("Standing", "review", "reviews", "standing"),
     "check": ("CheckReport", "check"),
     "decide": ("CommitResult", "commit", "recover", "rollback"),
     "doctor": ("DoctorReport", "containment_layers", "doctor", "sessions"),
-    "execute": ("Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run"),
+    "execute": ("Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run", "captured"),
     "grants": ("crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target", "validate_grants"),
     "history": ("compare", "fork", "rewind", "savepoints"),
+    "home": ("ensure_home", "home", "write_private_json"),
     "kept": ("committed_diff",),
     "policy": ("PolicyView", "policy_cap_preview", "policy_check", "policy_set", "policy_show"),
     "revert": ("revert",),
-    "review": ("KINDS", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid", "syscalls", "traced", "unified"),
+    "broker": ("BROKERED", "Broker", "Caller", "TOOL_SPECS", "ToolOutcome", "covered"),
+    "review": ("KINDS", "reconcile", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid", "syscalls", "traced", "unified"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -14,7 +14,6 @@ import threading
 import time
 
 from overlord import ops
-from overlord.agent.cancel import Cancelled
 from overlord.errors import NotFound, OverlordError, UsageError
 from overlord.ops import launcher
 from overlord.web import settings as S
@@ -194,7 +193,7 @@ class Chats:
 
         def on_delta(kind, text):
             if stop.is_set():
-                raise Cancelled()
+                raise ops.Cancelled()
             ch = box["channel"]
             with ch.cond:
                 if kind == "restart":

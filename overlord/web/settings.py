@@ -19,8 +19,8 @@ import re
 import threading
 import urllib.parse
 
+from overlord import ops
 from overlord.errors import UsageError
-from overlord.txn import store
 
 DEMO = "scripted"             # the demo: a bundled script plays the model (no key, no network)
 DEMO_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -51,12 +51,11 @@ class Invalid(UsageError):
 
 def home():
     """OVERLORD_HOME, made if missing (the token and these settings live there)."""
-    store.ensure_home()
-    return store.home()
+    return ops.ensure_home()
 
 
 def path():
-    return os.path.join(store.home(), "ui-settings.json")
+    return os.path.join(ops.home(), "ui-settings.json")
 
 
 def defaults(folder):
@@ -333,5 +332,5 @@ def check_sandbox(sandbox):
 
 def _write(data):
     """Atomically, 0600 from the moment the file exists."""
-    store.ensure_home()
-    store.write_json_atomic(path(), data, 0o600, indent=1)
+    ops.ensure_home()
+    ops.write_private_json(path(), data, indent=1)

@@ -1,6 +1,6 @@
 """Stop: cancelling an agent that runs in a server thread, within 2 s, at any moment.
 
-The agent's own Cancel (overlord.agent.cancel) gets a model call out of a blocking socket read
+The agent's own Cancel (ops.Cancel) gets a model call out of a blocking socket read
 by raising from a signal handler, which only works on the main thread. A conversation runs in a
 server thread, so Stop does the same job another way, with no change to the agent:
 
@@ -20,7 +20,7 @@ import socket
 import sys
 import threading
 
-from overlord.agent.cancel import Cancel, Cancelled
+from overlord.ops.cancel import Cancel, Cancelled
 
 _calls = {}                  # thread ident -> the Stop whose model call that thread is making
 _installed = False
