@@ -54,7 +54,8 @@ def _escape(text, keep=""):
 
 def cause_text(cause):
     """A savepoint's cause in words (unescaped: a command or a model chose parts of it):
-    the command line, `turn 2 write_file call_1: write_file(a.txt)`, `revert of SID`."""
+    the command line, `turn 2 write_file call_1: write_file(a.txt)`, `mcp claude-code exec 7:
+    exec(make)` (a harness's tool call, with the name its client gave), `revert of SID`."""
     if not cause:
         return ""
     if cause.get("kind") == "command":
@@ -62,6 +63,8 @@ def cause_text(cause):
     if "turn" in cause or "tool" in cause:
         head = " ".join(str(cause[k]) for k in ("turn", "tool", "call") if cause.get(k) is not None)
         head = f"turn {head}" if "turn" in cause else head
+        if cause.get("kind") in ("mcp", "hook", "daemon"):     # a harness's call: whose
+            head = " ".join(str(p) for p in (cause["kind"], cause.get("client"), head) if p)
         return f"{head}: {cause['summary']}" if cause.get("summary") else head
     if cause.get("kind") == "revert":
         return f"revert of {cause.get('of')}"

@@ -114,7 +114,7 @@ def _served_model(ep):
 def agent(task, target=None, *, provider=None, model=None, base_url=None, headers=None,
           knobs=None, script=None, system=None, max_turns=None, context_window=None, jail=None,
           net=None, timeout=None, limits=None, backend=None, trace=None, audit=False, stack=False,
-          on_event=None, on_delta=None, cancel=None):
+          on_event=None, on_delta=None, cancel=None, broker=None):
     """Open a session on target and run the agent on task in it. Returns AgentResult; the
     session is left pending for review whatever the done reason. jail, net, timeout, limits:
     None is unasked (the agent's defaults, held to the target's policy: UNASKED)."""
@@ -135,7 +135,7 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
     jail, net = grants["jail"], grants["net"]
     _check_backend(backends.choose(backend), jail, net)
     opened = run(["true"], target=target, backend=backend, grants=grants, trace=trace, stack=stack,
-                 cause={"kind": "agent", "event": "open"})
+                 cause={"kind": "agent", "event": "open"}, broker=broker)
     session = get_session(opened.sid)
     settings = {"endpoint": _recordable(ep), "model": served, "max_turns": max_turns,
                 "context_window": context_window, "system": system, "audit": bool(audit)}

@@ -56,7 +56,7 @@ class RunResult:
 
 def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, stack=False,
         pty_slave=None, cause=None, on_child=None, track_stdout=False, close_if_unchanged=None,
-        stdio=None, cancel=None):
+        stdio=None, cancel=None, broker=None):
     """Open a session on target, run one command in it, leave it pending. Returns RunResult.
 
     A command that changed nothing leaves the session `unchanged`: closed, so it blocks no
@@ -91,7 +91,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     audit.ready()            # a session opens only where its opening can be recorded
     with locks.TargetLock(target, wait=wait):
         refuse_if_pending(target, stack)
-        session = _create_session(target, mod, grants, argv, trace, held.origin())
+        session = _create_session(target, mod, grants, argv, trace, held.origin(), broker)
         watch = StdoutWatch() if track_stdout and pty_slave is None else None
         try:
             outcome, count = _execute(session, mod, argv, cause, pty_slave=pty_slave,
@@ -336,31 +336,39 @@ class Captured:
 
 
 def exec_capture(sid, argv, input=b"", cause=None, timeout=None, wait=False, cap=64 << 10,
-                 cancel=None):
+                 cancel=None, on_output=None):
     """exec_in with the command's stdin fed from `input` (never argv: any size works) and its
-    output captured, keeping at most `cap` bytes per stream (head and tail)."""
+    output captured, keeping at most `cap` bytes per stream (head and tail); on_output(stream,
+    chunk) also sees every chunk as it arrives ("stdout"/"stderr", bytes, from reader threads)."""
+    res, stdout, stderr, cut = captured(
+        lambda stdio: exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=stdio,
+                              cancel=cancel), input, cap, on_output)
+    return Captured(sid, res.exit_code, res.timed_out, res.layer, stdout, stderr, cut)
+
+
+def captured(call, input=b"", cap=64 << 10, on_output=None):
+    """(call's result, stdout, stderr, truncated): call(stdio) runs one command with stdin fed
+    from `input` and its output drained by threads (see exec_capture)."""
     stdin = os.memfd_create("overlord-stdin", os.MFD_CLOEXEC)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    out, err = _Tail(out_r, cap), _Tail(err_r, cap)
+    out, err = _Tail(out_r, cap, "stdout", on_output), _Tail(err_r, cap, "stderr", on_output)
     try:
-        os.write(stdin, input)
+        os.write(stdin, input or b"")
         os.lseek(stdin, 0, os.SEEK_SET)
-        res = exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=(stdin, out_w, err_w),
-                      cancel=cancel)
+        res = call((stdin, out_w, err_w))
     finally:
         for fd in (stdin, out_w, err_w):      # our copies: the readers see EOF when the command ends
             os.close(fd)
         (stdout, cut_out), (stderr, cut_err) = out.join(), err.join()
-    return Captured(sid, res.exit_code, res.timed_out, res.layer, stdout, stderr, cut_out or cut_err)
+    return res, stdout, stderr, cut_out or cut_err
 
 
 class _Tail:
     """Drains a pipe on a thread, keeping its first and last cap/2 bytes."""
 
-    def __init__(self, fd, cap):
-        import threading
-        self.fd, self.cap = fd, cap
+    def __init__(self, fd, cap, stream=None, on_output=None):
+        self.fd, self.cap, self.stream, self.on_output = fd, cap, stream, on_output
         self.head, self.tail, self.dropped = bytearray(), bytearray(), False
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -371,6 +379,11 @@ class _Tail:
             chunk = os.read(self.fd, 1 << 16)
             if not chunk:
                 break
+            if self.on_output is not None:
+                try:
+                    self.on_output(self.stream, chunk)
+                except Exception:          # noqa: BLE001 - a face's failure must not stop the drain
+                    self.on_output = None
             room = half - len(self.head)
             if room > 0:
                 self.head += chunk[:room]
@@ -403,7 +416,7 @@ def _new_session_dir():
             continue
 
 
-def _create_session(target, mod, grants, argv, trace, policy_origin=None):
+def _create_session(target, mod, grants, argv, trace, policy_origin=None, broker=None):
     sid = _new_session_dir()
     meta = {"sid": sid, "target": target, "backend": mod.NAME, "state": "running",
             "created": time.time(), "open_stamp_ns": open_stamp_ns(), "grants": grants,
@@ -411,6 +424,8 @@ def _create_session(target, mod, grants, argv, trace, policy_origin=None):
             "merge_base": bool(grants.get("merge_base")), "trace": trace,
             "command": shlex.join(argv), "layers": [], "uid": os.getuid(),
             "enforcement": enforcement(grants), "policy": policy_origin}
+    if broker:
+        meta["broker"] = broker
     session = Session(meta)
     session.save()
     return session
@@ -525,7 +540,7 @@ def _record_acts(session, outcome, cause):
         grants = session.meta["grants"]
         line = audit.append("session.open", **where, backend=session.meta["backend"],
                             grants=grants, command=session.meta.get("command"),
-                            policy=session.meta.get("policy"),
+                            policy=session.meta.get("policy"), broker=session.meta.get("broker"),
                             attestation=session.meta.get("attestation"))
         session.meta["opened_seq"] = line["seq"]
     if outcome.timed_out:

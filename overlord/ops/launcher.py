@@ -76,14 +76,15 @@ class Client:
         return answer
 
     def run(self, argv, target=None, backend=None, grants=None, trace=None, wait=False,
-            stack=False, cause=None, close_if_unchanged=None, stdio=None, cancel=None):
+            stack=False, cause=None, close_if_unchanged=None, stdio=None, cancel=None,
+            broker=None):
         from overlord.ops.execute import RunResult
         from overlord.ops.review import get_session
         fds = _stdio_fds(stdio)
         a = self.call({"op": "run", "argv": list(argv), "target": target, "backend": backend,
                        "grants": grants, "trace": trace, "wait": wait, "stack": stack,
                        "cause": cause, "close_if_unchanged": close_if_unchanged,
-                       "stdio": len(fds)}, fds, cancel)
+                       "stdio": len(fds), "broker": broker}, fds, cancel)
         _opened(a["sid"])
         return RunResult(a["sid"], a["exit_code"], a["timed_out"], a["state"],
                          get_session(a["sid"]).plan(), a["syscalls"], notes=a["notes"],
@@ -250,7 +251,8 @@ def _perform(request, stdio, cancel):
                         grants=request["grants"], trace=request["trace"], wait=request["wait"],
                         stack=request["stack"], cause=request["cause"],
                         close_if_unchanged=request["close_if_unchanged"],
-                        stdio=tuple(stdio) if request["stdio"] else None, cancel=cancel)
+                        stdio=tuple(stdio) if request["stdio"] else None, cancel=cancel,
+                        broker=request["broker"])
         return {"sid": r.sid, "exit_code": r.exit_code, "timed_out": r.timed_out, "state": r.state,
                 "syscalls": r.syscalls, "notes": r.notes, "layer": r.layer}
     if op == "exec_in":

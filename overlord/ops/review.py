@@ -40,11 +40,36 @@ def _recover_stale(session):
     merged = session.path("merged")
     if os.path.ismount(merged):
         backends.get("fuse").unmount(merged)
-    if os.path.isdir(session.path("upper")):
-        session.seal({"kind": "command", "command": session.meta.get("command", ""),
-                      "interrupted": True})
-    session.meta.update(state="pending", interrupted=True)
+    opening = session.meta["state"] == "running"
+    if os.path.isdir(session.path("upper")):      # an opening's command, or a later exec's
+        command = session.meta.get("command", "") if opening else "(a command whose process was killed)"
+        session.seal({"kind": "command", "command": command, "interrupted": True})
+    session.meta.update(state="pending" if opening else session.meta["state"], interrupted=True)
     session.save()
+
+
+def reconcile():
+    """Settle every session a killed process left mid-command (a daemon's SIGKILL): one left
+    `running`, or an open one whose last command's upper was never sealed, is sealed as
+    interrupted and left pending for review. A session whose target lock is held (a command
+    really is running) is left alone. Returns the sids settled."""
+    settled = []
+    for meta in store.list_metas():
+        state = meta.get("state")
+        if state != "running" and state not in store.OPEN_STATES:
+            continue
+        sdir = store.session_dir(meta["sid"])
+        if state != "running" and not (os.path.lexists(os.path.join(sdir, "upper"))
+                                       or os.path.ismount(os.path.join(sdir, "merged"))):
+            continue
+        try:
+            with locks.TargetLock(meta["target"]):
+                session = Session.load(meta["sid"])
+                _recover_stale(session)
+                settled.append(session.sid)
+        except (OSError, OverlordError):
+            continue
+    return settled
 
 
 def diff(sid):

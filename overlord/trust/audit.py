@@ -42,7 +42,7 @@ RESERVED = ("seq", "ts", "actor", "action", "sid", "target", "mac")
 ACTIONS = (
     "session.open", "session.exec", "session.commit", "session.commit_refused",
     "session.rollback", "session.rewind", "session.fork", "session.revert",
-    "session.timeout", "session.limit",
+    "session.timeout", "session.limit", "session.needs_review",
     "review.verdict", "policy.change", "audit.checkpoint",
 )
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
