@@ -145,7 +145,7 @@ def start():
     """Fork the helper. Call while this process is still single-threaded. Returns a Client."""
     if threading.active_count() > 1:
         raise OverlordError("the launcher must be started before any thread")
-    import overlord.ops  # noqa: F401 - imported once here, not in every worker
+    import overlord.ops.execute  # noqa: F401 - the engine, imported once here, not in every worker
     server_side, helper_side = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
