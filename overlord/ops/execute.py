@@ -68,10 +68,13 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     if not argv:
         raise UsageError("missing command after --")
     if launcher is not None:
-        if pty_slave is not None or on_child is not None:
-            raise UsageError("a pty or an on_child hook cannot be used through the launcher")
+        if pty_slave is not None or on_child is not None or track_stdout:
+            raise UsageError("a pty, an on_child hook or track_stdout cannot be used through "
+                             "the launcher")
         return launcher.run(argv, target=target, backend=backend, grants=grants, trace=trace,
-                            wait=wait, stack=stack, cause=cause)
+                            wait=wait, stack=stack, cause=cause,
+                            close_if_unchanged=close_if_unchanged, stdio=stdio, cancel=cancel,
+                            broker=broker)
     cause = cause or command_cause(argv)
     if close_if_unchanged is None:
         close_if_unchanged = cause.get("kind") != "agent"

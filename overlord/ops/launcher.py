@@ -3,15 +3,17 @@
 The kernel backend clones namespaces from the calling process and runs Python in the child;
 from a multithreaded server that is unsafe (a lock another thread held at the clone stays held
 forever in the child). So a threaded face (`overlord ui`, `overlord daemon`, `overlord mcp serve`)
-calls start() before its first thread and hands the Client to ops.use_launcher: every `run` and
+enters `with serving():` before its first thread (start() + execute.use_launcher): every `run` and
 `exec_in` made anywhere in that process (the agent's tool calls included) travels here instead.
 
     server thread ──request + reply socket + stdio fds──▶ helper (one loop, never a thread)
-                                                            └─fork─▶ worker: ops.run / exec_in
+                                                            └──▶ idle worker: ops.run / exec_in
     server thread ◀──────────── result (JSON) ──────────────────────────┘
 
-The helper forks one worker per request, so a long command in one conversation never holds
-up another's. Requests are JSON datagrams on a SOCK_SEQPACKET socketpair; each carries a fresh
+The helper hands each request to an idle worker, forking one when none is idle and keeping
+SPARE forked ahead, so a request never waits for a fork and a long command in one conversation
+never holds up another's. A worker is single-threaded and serves one request at a time; one
+that is left with a thread after a request exits rather than clone beside it. Requests are JSON datagrams on a SOCK_SEQPACKET socketpair; each carries a fresh
 socketpair end of its own (SCM_RIGHTS) on which the worker answers and on which the server may
 send b"cancel": the worker's cancel is that socket, polled by the engine every 0.1 s while the
 command runs, so Stop kills the command tree within a fraction of a second. A server thread that
@@ -162,16 +164,39 @@ def start():
 
 # -- the helper ---------------------------------------------------------------------------------
 
+SPARE = 2                  # idle workers kept ready: a request never waits for a fork
+KEEP = 8                   # idle workers kept after a burst; more than that exit
+
+
 def _helper(sock):
+    """Hand each request to an idle worker (forking one when none is idle). A worker serves
+    requests one at a time, single-threaded, and says when it is idle again; a long command
+    in one conversation never holds up another's."""
     from overlord.linux import libc
     libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # ^C at the terminal is the server's
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    workers = set()
+    idle, busy = [], {}              # worker sockets; busy: socket -> pid
+    pids = {}                        # socket -> pid, every live worker
+    for _ in range(SPARE):
+        idle.append(_fork_worker(sock, pids))
     while True:
-        ready, _, _ = select.select([sock], [], [], 1.0)
-        _reap(workers)
-        if not ready:
+        ready, _, _ = select.select([sock, *pids], [], [], 1.0)
+        _reap(pids.values())
+        for w in [r for r in ready if r is not sock]:
+            try:
+                note = w.recv(16)
+            except OSError:
+                note = b""
+            busy.pop(w, None)
+            if note == b"idle" and len(idle) < KEEP:
+                idle.append(w)
+            else:                        # it died, or there are idle ones enough: let it go
+                if w in idle:
+                    idle.remove(w)
+                pids.pop(w, None)
+                w.close()
+        if sock not in ready:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
@@ -179,26 +204,73 @@ def _helper(sock):
             continue
         if not data:
             return                       # the server closed its end: leave with it
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
+        while True:
+            w = idle.pop() if idle else _fork_worker(sock, pids)
             try:
-                _worker(json.loads(data), fds)
-            finally:
-                os._exit(0)
-        workers.add(pid)
+                socket.send_fds(w, [data], fds)
+                break
+            except OSError:              # that worker died while idle: try another
+                pids.pop(w, None)
+                w.close()
+        busy[w] = pids[w]
         for fd in fds:
             os.close(fd)
+        while len(idle) < SPARE:         # fork the next spare now, while this request runs
+            idle.append(_fork_worker(sock, pids))
 
 
-def _reap(workers):
-    for pid in list(workers):
+def _fork_worker(server_sock, pids):
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            server_sock.close()
+            for other in pids:
+                other.close()
+            mine.close()
+            _serve_requests(theirs)
+            code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    pids[mine] = pid
+    return mine
+
+
+def _reap(pids):
+    for pid in list(pids):
+        try:
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            done = pid
-        if done:
-            workers.discard(pid)
+            pass
+
+
+def _serve_requests(sock):
+    from overlord.linux import libc
+    libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)                 # a command without stdio of its own writes nowhere
+    os.close(null)
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
+        except InterruptedError:
+            continue
+        if not data:
+            return                       # the helper let us go, or is gone
+        try:
+            _worker(json.loads(data), fds)
+        finally:
+            for fd in fds[1:]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if threading.active_count() > 1:
+            return                       # a thread outlived its request: never clone beside it
+        sock.send(b"idle")
 
 
 class _SocketCancel:
@@ -220,13 +292,8 @@ class _SocketCancel:
 
 
 def _worker(request, fds):
-    from overlord.linux import libc
-    libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
     reply = socket.socket(fileno=fds[0])
     stdio = fds[1:]
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)                 # a command without stdio of its own writes nowhere
     try:
         answer = _perform(request, stdio, _SocketCancel(reply))
     except OverlordError as exc:
@@ -240,6 +307,8 @@ def _worker(request, fds):
         reply.send(json.dumps(answer).encode())
     except OSError:
         pass                          # the asking thread is gone
+    finally:
+        reply.close()
 
 
 def _perform(request, stdio, cancel):
