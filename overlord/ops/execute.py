@@ -64,7 +64,8 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     opening command, cause kind "agent", keeps its session open for the agent's calls).
     track_stdout: the command's stdout passes through this process (or, for a regular file,
     its last byte is read back), so RunResult.at_line_start can tell the face whether its
-    own next line starts on a fresh line."""
+    own next line starts on a fresh line. stdio and cancel: as for exec_in(). broker: who
+    asked, for a brokered session ({"face", "client"}, see ops.broker), kept on its record."""
     if not argv:
         raise UsageError("missing command after --")
     if launcher is not None:
