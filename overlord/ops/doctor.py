@@ -1,7 +1,9 @@
 """Listing sessions and what this host can do."""
 import dataclasses
+import json
 import os
 import shutil
+import socket
 
 from overlord.linux import libc
 from overlord.ops.audit import audit_status
@@ -28,6 +30,7 @@ class DoctorReport:
     coarse: list = dataclasses.field(default_factory=list)   # [(sid, what got coarser)]
     fuse_containment: tuple = None   # (OVERLORD_HOME hidden, in words) where fuse is available
     audit: dict = None        # the chain's verify report (ops.audit_status), or {"error": ...}
+    daemon: dict = None       # daemon_status(): {"socket", "running", "pid", "detail"}
 
 
 def doctor():
@@ -40,7 +43,60 @@ def doctor():
     tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
     return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
                         containment_layers(probes["kernel"][0], tools), coarse_sessions(),
-                        fuse_containment(probes["fuse"][0]), audit_status())
+                        fuse_containment(probes["fuse"][0]), audit_status(), daemon_status())
+
+
+# -- the daemon -----------------------------------------------------------------------------------
+
+def daemon_socket():
+    """Where `overlord daemon` listens (and a client connects) unless told: OVERLORD_SOCKET,
+    else OVERLORD_HOME/overlordd.sock."""
+    return os.path.abspath(os.environ.get("OVERLORD_SOCKET")
+                           or os.path.join(store.home(), "overlordd.sock"))
+
+
+def daemon_ping(path, timeout=1.0):
+    """The reply a daemon on `path` gives to ping (a dict), or None when nothing listens there
+    (no file, a stale socket). OSError for anything else (refused by file mode, no reply)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            return None
+        s.sendall(b'{"id":"ping","op":"ping"}\n')
+        data = b""
+        while not data.endswith(b"\n") and len(data) < 1 << 16:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        raise OSError(f"not a daemon's reply: {data[:60]!r}") from None
+    if not isinstance(reply, dict):
+        raise OSError("not a daemon's reply")
+    return reply
+
+
+def daemon_status(path=None):
+    """{"socket", "running", "pid", "detail"}: whether a daemon answers ping on the socket
+    (one connect and one line; at most a second when something there does not answer)."""
+    path = path or daemon_socket()
+    try:
+        reply = daemon_ping(path)
+    except OSError as exc:
+        return {"socket": path, "running": False, "pid": None,
+                "detail": f"no answer ({exc.strerror or exc})"}
+    if reply is None:
+        detail = "a stale socket file, nobody listening" if os.path.lexists(path) else "no socket"
+        return {"socket": path, "running": False, "pid": None, "detail": detail}
+    if not reply.get("ok"):
+        return {"socket": path, "running": True, "pid": None,
+                "detail": f"refused: {reply.get('error')}"}
+    return {"socket": path, "running": True, "pid": reply.get("pid"),
+            "detail": f"version {reply.get('version')}"}
 
 
 def fuse_containment(available):
