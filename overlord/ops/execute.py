@@ -310,6 +310,9 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=
     mod = backends.get(session.dialect)
     watch = StdoutWatch() if track_stdout and stdio is None else None
     with locks.TargetLock(session.target, wait=wait):
+        session = get_session(sid)     # as the command that held the lock left it (its layer)
+        if session.meta["state"] not in store.OPEN_STATES:
+            raise OverlordError(f"cannot run in session {sid}: it is {session.meta['state']}")
         before = len(session.meta["layers"])
         try:
             outcome, _ = _execute(session, mod, argv, cause or command_cause(argv), timeout=timeout,
