@@ -254,7 +254,8 @@ class Broker:
     # -- the agent -----------------------------------------------------------------------------
 
     def agent(self, task, target=None, **kw):
-        from overlord.ops import agent as _agent
+        import importlib
+        _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
         from overlord.ops.agent import UNASKED
         _no_person_flags(kw)
         target, _ = self._admit(target, {k: kw.get(k) for k in ("jail", "net", "timeout", "limits")},
@@ -262,12 +263,14 @@ class Broker:
         return _agent.agent(task, target, broker=self.caller.record(), **kw)
 
     def resume(self, sid, note=None, **kw):
-        from overlord.ops import agent as _agent
+        import importlib
+        _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
         _no_person_flags(kw)
         return _agent.resume(self._session(sid, runs=True).sid, note, **kw)
 
     def models(self, **kw):
-        from overlord.ops import agent as _agent
+        import importlib
+        _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
         return _agent.models(**kw)
 
 
