@@ -1,24 +1,97 @@
-"""The command line: parse, make one call into overlord.ops, render, map errors to exit codes."""
+"""The command line: parse, make one call into overlord.ops, render, map errors to exit codes.
+
+Start-up is paid on every call (a harness hook runs `overlord exec` once per tool call), so a
+command imports only what it runs: argparse builds the full parser of the one subcommand named
+on the command line, and every other subcommand is registered by its name and help line only
+(enough for `overlord --help` and for a usage error). `overlord.ops` loads each operation on
+first use.
+
+The face modules in FACE_CLI are imported to learn their subcommands (by `overlord --help` and
+by any command that is not one of this module's own), so each keeps its top level light: the
+standard library's cheap modules, `overlord.ops`, `overlord.errors`, `overlord.text` and
+`overlord.cli.render` only; anything heavier (an `overlord.ops` submodule, the web face, a
+provider, ssl, http) is imported inside the command function that needs it. Their
+`add_parsers(sub)` is called with `sub` standing for the subparsers: for a subcommand that is
+not being run, `sub.add_parser` returns a stand-in that takes every call and builds nothing.
+test/unit/test_startup.py holds them to it.
+"""
 import argparse
 import os
 import sys
 
 from overlord import __version__, ops
-from overlord.cli import (agent_cmds, audit_cmds, check_cmd, daemon_cmd, hook_cmd, mcp_cmd,
-                          policy_cmds, review_cmd)
-from overlord.cli import ui_cmd
 from overlord.cli import render as R
 from overlord.errors import OverlordError, UsageError
 from overlord.text import jsonable
 
 TRACE_VALUES = ("strace", "ebpf")
-FACE_CLI = (audit_cmds, policy_cmds, check_cmd, review_cmd,        # each: add_parsers(sub), COMMANDS
-            daemon_cmd, mcp_cmd, hook_cmd)
+FACE_CLI = ("agent_cmds", "audit_cmds", "policy_cmds", "check_cmd",   # overlord.cli.NAME, each:
+            "review_cmd", "daemon_cmd", "mcp_cmd", "hook_cmd", "ui_cmd")  # add_parsers(sub), COMMANDS
+ALL = None               # build_parser(command=ALL): every subcommand's full parser
+
+
+def _columns():
+    """The width argparse formats help for (shutil.get_terminal_size's columns), without
+    importing shutil, which imports bz2, lzma and fnmatch on every command."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class Formatter(argparse.HelpFormatter):
+    def __init__(self, prog, **kw):
+        kw.setdefault("width", _columns() - 2)
+        super().__init__(prog, **kw)
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kw)
+
     def error(self, message):
         raise UsageError(message)
+
+
+class _Skipped:
+    """What `sub.add_parser` returns for a subcommand that is not being run: it takes every
+    call a face module makes on a parser (add_argument, add_argument_group, add_subparsers,
+    set_defaults, ...) and builds nothing."""
+
+    def __getattr__(self, name):
+        return self._ignore
+
+    def _ignore(self, *args, **kwargs):
+        return self
+
+
+SKIPPED = _Skipped()
+
+
+class Subcommands:
+    """The subparsers as build_parser hands them to each add_parsers(sub): the subcommand
+    being run (or, for ALL, every one) gets its full parser; every other one only its name and
+    its line in `overlord --help`."""
+
+    def __init__(self, action, command):
+        self.action, self.command, self.names = action, command, []
+
+    def add_parser(self, name, **kw):
+        self.names.append(name)
+        if self.command is ALL or name == self.command:
+            return self.action.add_parser(name, **kw)
+        self.action._name_parser_map[name] = SKIPPED
+        if "help" in kw:
+            self.action._choices_actions.append(
+                self.action._ChoicesPseudoAction(name, (), kw["help"]))
+        return SKIPPED
 
 
 def _normalize_trace(argv):
@@ -55,7 +128,7 @@ EPILOG = ("SID is a session id as `overlord sessions` lists it (e.g. 20261201-07
           "reached). `overlord COMMAND --help` tells more.")
 
 
-class TopHelp(argparse.HelpFormatter):
+class TopHelp(Formatter):
     """`overlord --help`: every subcommand's help on its own line, beside its name (argparse
     measures the names 2 columns short of where it prints them)."""
 
@@ -69,7 +142,7 @@ class TopHelp(argparse.HelpFormatter):
                                           max(map(len, action.choices)) + self._current_indent + 4)
 
 
-class CommandUsage(argparse.HelpFormatter):
+class CommandUsage(Formatter):
     """The usage of a subcommand that wraps a command: `... -- CMD [ARG...]` (the command is
     split off at `--` before parsing, so argparse never sees it)."""
 
@@ -88,12 +161,34 @@ def _sid_command(sub, name, help, json=False, **kw):
     return p
 
 
-def build_parser():
+def _face(name):
+    import importlib
+    return importlib.import_module(f"overlord.cli.{name}")
+
+
+def named_command(head):
+    """The subcommand the arguments name: the first word that is not an option (the top
+    level has no option that takes a value); "" for none."""
+    return next((arg for arg in head if not arg.startswith("-")), "")
+
+
+def build_parser(command=ALL):
+    """The parser: with command=ALL every subcommand's full parser (what the tests read),
+    else only `command`'s; a command of this module's own imports no face module."""
     p = Parser(prog="overlord", description="Transactional, attributed execution over a "
                "directory: run, review the change, commit or roll back.", epilog=EPILOG,
                formatter_class=TopHelp)
     p.add_argument("--version", action="version", version=f"overlord {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub = Subcommands(p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser),
+                      command)
+    _own_parsers(sub)
+    if command is ALL or command not in sub.names:
+        for name in FACE_CLI:
+            _face(name).add_parsers(sub)
+    return p
+
+
+def _own_parsers(sub):
 
     r = sub.add_parser("run", help="run a command in a new transactional session",
                        formatter_class=CommandUsage,
@@ -223,11 +318,6 @@ def build_parser():
                         "(jail, network, limits, trace) means on this host, the tools found, and "
                         "OVERLORD_HOME. Exits 1 when no backend can run.")
     dr.add_argument("--json", action="store_true", help="machine-readable output")
-    agent_cmds.add_parsers(sub)
-    for module in FACE_CLI:
-        module.add_parsers(sub)
-    ui_cmd.add_parser(sub)
-    return p
 
 
 def main(argv=None):
@@ -259,9 +349,10 @@ def main(argv=None):
 
 def dispatch(argv):
     head, cmd = _split_command(_normalize_trace(argv))
-    args = build_parser().parse_args(head)
+    parser = build_parser(named_command(head))
+    args = parser.parse_args(head)
     if args.command is None:
-        build_parser().print_help()
+        parser.print_help()
         return 2
     ops.recover()
     _resolve_sids(args)
@@ -277,10 +368,13 @@ def dispatch(argv):
         return cmd_exec(args, cmd)
     if cmd is not None:
         raise UsageError(f"'{args.command}' takes no command after --")
-    table = {**COMMANDS, **agent_cmds.COMMANDS, **ui_cmd.COMMANDS}
-    for module in FACE_CLI:
-        table.update(module.COMMANDS)
-    return table[args.command](args)
+    if args.command in COMMANDS:
+        return COMMANDS[args.command](args)
+    for name in FACE_CLI:
+        module = _face(name)
+        if args.command in module.COMMANDS:
+            return module.COMMANDS[args.command](args)
+    raise UsageError(f"unknown command {args.command!r}")
 
 
 def _resolve_sids(args):
@@ -622,7 +716,8 @@ def cmd_doctor(args):
                      "coarse": [{"sid": sid, "detail": d} for sid, d in report.coarse],
                      "fuse_containment": {"hidden": report.fuse_containment[0],
                                           "detail": report.fuse_containment[1]}
-                     if report.fuse_containment else None, "audit": report.audit})
+                     if report.fuse_containment else None, "audit": report.audit,
+                     "daemon": report.daemon})
         return 0
     if report.in_jail:
         print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
@@ -637,7 +732,13 @@ def cmd_doctor(args):
     for tool, path in report.tools.items():
         print(f"{tool}: {R.escape_path(path) if path else 'not found'}")
     print(f"home: {R.escape_path(report.home)}")
-    print(audit_cmds.doctor_line(report.audit))
+    d = report.daemon                # whether a daemon answers ping on the default socket
+    if d:
+        where = R.escape_path(d["socket"])
+        print(f"daemon: running on {where} (pid {d['pid']})" if d["pid"] else
+              f"daemon: {'running' if d['running'] else 'not running'} ({where}: "
+              f"{R.escape_text(str(d['detail']))})")
+    print(_face("audit_cmds").doctor_line(report.audit))
     for sid, detail in report.coarse:
         print(f"coarser savepoints in {sid}: {detail}")
     return 0 if report.active else 1

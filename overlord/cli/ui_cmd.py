@@ -1,7 +1,7 @@
 """`overlord ui`: the workspace and the console, served on 127.0.0.1."""
 
 
-def add_parser(sub):
+def add_parsers(sub):
     p = sub.add_parser(
         "ui", help="the chat workspace (/) and the console (/console) on 127.0.0.1",
         description="Serve the workspace (a chat with the agent, one conversation per "

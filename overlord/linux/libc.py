@@ -4,9 +4,7 @@ This module is the only place that touches libc. Every wrapper checks the return
 raises OSError(errno, "what failed", object). Constants keep the kernel's names.
 """
 import ctypes
-import ctypes.util
 import os
-import platform
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -60,7 +58,8 @@ def libc():
         try:
             _libc = ctypes.CDLL("libc.so.6", use_errno=True)
         except OSError:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            from ctypes.util import find_library
+            _libc = ctypes.CDLL(find_library("c"), use_errno=True)
         _libc.syscall.restype = ctypes.c_long
         _libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
     return _libc
@@ -94,7 +93,8 @@ def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):
     return _check(libc().prctl(option, arg2, arg3, arg4, arg5), "prctl")
 
 
-SYS_clone = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
+MACHINE = os.uname().machine     # what platform.machine() says, without importing platform
+SYS_clone = {"x86_64": 56, "aarch64": 220}.get(MACHINE)
 SIGCHLD = 17
 _pylibc = None
 
@@ -107,7 +107,7 @@ def clone_namespaces(flags):
     """
     global _pylibc
     if SYS_clone is None:
-        raise OSError(38, "clone: unsupported architecture " + platform.machine())
+        raise OSError(38, "clone: unsupported architecture " + MACHINE)
     if _pylibc is None:
         _pylibc = ctypes.PyDLL("libc.so.6", use_errno=True)
         _pylibc.syscall.restype = ctypes.c_long
@@ -139,7 +139,7 @@ def move_mount_fd(mfd, target):
                     ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), "move_mount", target)
 
 
-SYS_capset = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
+SYS_capset = {"x86_64": 126, "aarch64": 91}.get(MACHINE)
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -162,7 +162,7 @@ def cap_last_cap():
         return 40
 
 
-SYS_pivot_root = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
+SYS_pivot_root = {"x86_64": 155, "aarch64": 41}.get(MACHINE)
 SYS_mount_setattr = 442
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x00000001
@@ -214,7 +214,7 @@ def own_environ_and_argv_blocks():
 
 
 def machine():
-    return platform.machine()
+    return MACHINE
 
 
 def syncfs(path):

@@ -9,7 +9,7 @@ allows everything else.
 """
 import ctypes
 import errno
-import platform
+import os
 import struct
 
 
@@ -98,7 +98,7 @@ def _mknod_whiteout(nr, mode_arg, dev_arg):
 
 def build(allow_ptrace=False, machine=None):
     """The filter program as a list of (code, jt, jf, k) instructions."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine       # platform.machine(), unimported
     if machine not in ARCHES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for architecture {machine}")
     arch = ARCHES[machine]

@@ -6,7 +6,6 @@ each changed path -- the real file and the session's version of it -- and compar
 is followed through a symlink (a link is shown as its text), binary files and large files are
 summarized rather than compared, and a long diff is cut with a note saying how much was left out.
 """
-import difflib
 import os
 import stat
 
@@ -128,6 +127,7 @@ def opcodes(a, b):
     ops = [("equal", 0, head, 0, head)] if head else []
     mid_a, mid_b = a[head:len(a) - tail], b[head:len(b) - tail]
     if mid_a and mid_b:
+        import difflib       # only a --patch or a dossier pays for it
         for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, mid_a, mid_b, autojunk=False).get_opcodes():
             ops.append((tag, i1 + head, i2 + head, j1 + head, j2 + head))
     elif mid_a:

@@ -7,7 +7,6 @@ from overlord.errors import OverlordError
 from overlord.ops import patch as _patch
 from overlord.ops.grants import require_target
 from overlord.sandbox import backends
-from overlord.txn import blame as txn_blame
 from overlord.txn import changes as C
 from overlord.txn import locks, retain, store
 from overlord.txn.session import Session
@@ -264,4 +263,5 @@ def traced(sid):
 
 def blame(path):
     """Each line of a committed file with the session, layer and cause that produced it."""
+    from overlord.txn import blame as txn_blame      # (objects, difflib): blame only
     return txn_blame.blame(path)

@@ -20,8 +20,6 @@ import mmap
 import os
 import shutil
 import stat
-import subprocess
-import tempfile
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
@@ -74,6 +72,7 @@ def mount(spec):
     opts = (f"lowerdir={lowers},upperdir={_escape(spec.upper)},workdir={_escape(spec.work)},"
             "writeback=0")
     os.makedirs(spec.mount_point, exist_ok=True)
+    import subprocess        # the fuse backend only: the kernel one never spawns a tool
     proc = subprocess.run([overlayfs, "-o", opts, spec.mount_point], stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
@@ -87,6 +86,7 @@ def unmount(mount_point):
     _, fusermount = _binaries()
     for lazy in (False, True):
         if fusermount:
+            import subprocess
             proc = subprocess.run([fusermount, "-u", *(["-z"] if lazy else []), mount_point],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
@@ -126,6 +126,7 @@ def containment():
     starter over plain directories. Clones: call it where a launch could run."""
     global _probed
     if _probed is None:
+        import tempfile
         with tempfile.TemporaryDirectory(prefix="overlord-probe-") as tmp:
             dirs = {n: os.path.join(tmp, n) for n in ("merged", "target", "home")}
             for d in dirs.values():

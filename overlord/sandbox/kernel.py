@@ -12,7 +12,6 @@ absolute-path writes into the target land in the session's upper layer.
 """
 import os
 import signal
-import tempfile
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
@@ -169,6 +168,7 @@ def probe():
     """(available, reason): really run `true` over an overlay in throwaway namespaces."""
     if not hasattr(os, "pidfd_open"):
         return False, "Python without os.pidfd_open"
+    import tempfile          # the probe only: never on the per-command path
     with tempfile.TemporaryDirectory(prefix="overlord-probe-") as tmp:
         dirs = {n: os.path.join(tmp, n) for n in ("lower", "upper", "work")}
         for d in dirs.values():

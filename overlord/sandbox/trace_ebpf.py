@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 
 from overlord.errors import LaunchError
@@ -42,6 +41,7 @@ def available():
 def _ensure_tracefs():
     if os.path.isdir(os.path.join(TRACEFS, "events", "syscalls")):
         return
+    import subprocess        # only when tracing: never on an untraced command's path
     subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     if not os.path.isdir(os.path.join(TRACEFS, "events", "syscalls")):
@@ -92,6 +92,7 @@ class EbpfRecorder:
         _ensure_tracefs()
         self.setup_pid = child_pid          # OVERLORD's own PID 1: its setup is not the command
         inode = os.stat(f"/proc/{child_pid}/ns/user").st_ino
+        import subprocess
         self.proc = subprocess.Popen(["bpftrace", "-e", script(inode)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      errors="replace", start_new_session=True)
@@ -120,6 +121,7 @@ class EbpfRecorder:
     def finish(self):
         if self.proc is None:
             return 0
+        import subprocess
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         try:

@@ -37,12 +37,8 @@ import re
 import stat
 
 from overlord.errors import OverlordError
+from overlord.trust.checks import DEFAULTS, KINDS, LEVELS, SEVERITIES  # noqa: F401 (the table)
 from overlord.txn import changes as C
-
-KINDS = ("secrets", "binaries", "dependencies", "size")
-SEVERITIES = ("block", "countersign", "warn")
-LEVELS = SEVERITIES + ("off",)
-DEFAULTS = {"secrets": "countersign", "binaries": "warn", "dependencies": "warn", "size_mb": 50}
 
 MIB = 1 << 20
 SECRETS_SCAN_MIB = 256         # MiB of one file the secret scan reads at most (the rest: a finding)

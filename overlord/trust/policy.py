@@ -19,19 +19,20 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import math
 import os
 import stat
 
 from overlord.errors import OverlordError, UsageError
 from overlord.sandbox import limits as grant_limits
 from overlord.text import escape_path
-from overlord.trust import audit, gate, protect
+from overlord.trust import audit, checks, protect
 from overlord.txn import store
 
 FILE, SEEN = "policy.json", "policy.seen"
 NETS = ("none", "host")                   # tightest first
-SEVERITIES = gate.LEVELS                  # the content gate's: one table of checks
-CHECK_DEFAULTS = gate.DEFAULTS
+SEVERITIES = checks.LEVELS                # the content gate's: one table of checks
+CHECK_DEFAULTS = checks.DEFAULTS
 BUILT_IN, DEFAULT = "built-in", "default"
 
 
@@ -121,7 +122,12 @@ KEYS = {
 
 
 def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:                  # json.loads takes NaN and Infinity: NaN > cap is False, so no cap at all
+        return math.isfinite(value)
+    except OverflowError:                   # an int no float holds
+        return False
 
 
 def _shown(value):

@@ -94,8 +94,7 @@ def safe_lstat(fds, path):
 
 # -- the journal -----------------------------------------------------------------------------
 
-def journal_dir():
-    return os.path.join(store.home(), "journal")
+journal_dir = store.journal_dir
 
 
 def journal_path(sid):

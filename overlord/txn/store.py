@@ -10,7 +10,6 @@ Layout of a session directory (OVERLORD_HOME/sessions/<sid>/):
 import json
 import os
 import re
-import secrets
 import threading
 import time
 
@@ -34,6 +33,11 @@ def sessions_dir():
     return os.path.join(home(), "sessions")
 
 
+def journal_dir():
+    """Where commit keeps the journal of a replay in progress (txn/replay.py)."""
+    return os.path.join(home(), "journal")
+
+
 def ensure_home():
     root = home()
     for sub in ("", "sessions", "locks"):
@@ -42,6 +46,7 @@ def ensure_home():
 
 
 def new_sid():
+    import secrets           # (and hmac, hashlib, random): only a command that opens one
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
