@@ -58,6 +58,13 @@ class Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address):
+        """A client that hung up is no error; anything else is one line on stderr."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (ConnectionError, TimeoutError)):
+            print(f"overlord mcp: internal error answering a request: {type(exc).__name__}: "
+                  f"{exc}", file=sys.stderr, flush=True)
+
     def setup(self, tools, token, host):
         self.tools = tools
         self.guard = security.Guard(token, host, self.server_address[1])
