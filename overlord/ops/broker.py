@@ -28,7 +28,7 @@ from overlord.ops.check import check as _check
 from overlord.ops.revert import revert as _revert
 from overlord.ops.review import blame as _blame, diff as _diff, get_session, log as _log
 from overlord.ops.doctor import sessions as _sessions
-from overlord.ops.grants import GRANT_KEYS, resolve_target, validate_grants
+from overlord.ops.grants import GRANT_KEYS, MAX_TIMEOUT, resolve_target, validate_grants
 from overlord.text import escape_path
 from overlord.trust import audit, policy
 from overlord.txn import locks, store
@@ -85,23 +85,28 @@ class Broker:
         return rule
 
     def _admit(self, target, grants, defaults=BROKERED):
-        """(target, grants) for a new session, or Denied."""
+        """(target, grants, rule) for a new session, or Denied."""
         target = resolve_target(target)
         self._rule(target)
         grants = _grants(grants)
         try:
-            held, _ = policy.cap(target, grants, defaults)
+            held, rule = policy.cap(target, grants, defaults)
         except OverlordError as exc:
             raise Denied(str(exc)) from None
-        return target, held
+        return target, held, rule
 
-    def _session(self, sid, runs=False):
+    def _session(self, sid, runs=False, timeout=None):
         """The session sid, once policy covers its folder -- and, for an act that runs
-        something under its grants (runs), once today's policy still gives them."""
+        something under its grants (runs; timeout: that command's own), once today's policy
+        still gives them and nothing a broker never grants loosens them (a person's
+        `--trace strace` lets the session's commands ptrace)."""
         session = get_session(_sid(sid))
         self._rule(session.target)
+        if runs and session.meta.get("trace") == "strace":
+            raise Denied(f"session {session.sid} is traced (trace: strace), which lets its commands "
+                         "use ptrace; trace is for a person at the terminal, not a brokered caller")
         if runs and session.meta["state"] in store.OPEN_STATES:
-            self._hold(session)
+            self._hold(session, timeout)
         return session
 
     def _hold(self, session, timeout=None):
@@ -113,7 +118,7 @@ class Broker:
     def _cause(self, argv, call):
         if call is None:
             return {"kind": "command", "command": shlex.join(argv), "via": self.caller.face}
-        name, call_id = call
+        name, call_id = _call(call)
         shown = argv[2] if len(argv) == 3 and argv[1] == "-c" else shlex.join(argv)
         return {"kind": self.caller.face, "tool": str(name), "call": str(call_id),
                 "client": self.caller.client, "summary": f"{name}({_oneline(shown)})"}
@@ -122,7 +127,7 @@ class Broker:
 
     def open(self, target=None, grants=None, stack=False, wait=False, backend=None):
         """A pending session on target, no command of the caller's run in it."""
-        target, held = self._admit(target, grants)
+        target, held, _ = self._admit(target, grants)
         return execute.run(["true"], target=target, backend=_backend(backend), grants=held,
                            stack=_flag(stack, "stack"), wait=_flag(wait, "wait"),
                            cause={"kind": "open", "via": self.caller.face},
@@ -132,7 +137,7 @@ class Broker:
             stack=False, wait=False, backend=None):
         """open + one command, its output streamed to on_output (see exec)."""
         argv = _argv(argv)
-        target, held = self._admit(target, grants)
+        target, held, _ = self._admit(target, grants)
         res, _, _, _ = execute.captured(
             lambda stdio: execute.run(argv, target=target, backend=_backend(backend), grants=held,
                                       stack=_flag(stack, "stack"), wait=_flag(wait, "wait"),
@@ -152,13 +157,12 @@ class Broker:
         return self._capture(sid, argv, stdin, timeout, call, cap, cancel, None, True)
 
     def _capture(self, sid, argv, stdin, timeout, call, cap, cancel, on_output, wait):
-        argv, timeout = _argv(argv), _timeout(timeout)
-        session = self._session(sid)
-        self._hold(session, timeout)
-        return execute.exec_capture(session.sid, argv, input=_stdin(stdin),
-                                    cause=self._cause(argv, call), timeout=timeout,
-                                    wait=_flag(wait, "wait"), cap=cap, cancel=cancel,
-                                    on_output=on_output)
+        argv, timeout, cap = _argv(argv), _timeout(timeout), _cap(cap)
+        cause = self._cause(argv, call)
+        session = self._session(sid, runs=True, timeout=timeout)
+        return execute.exec_capture(session.sid, argv, input=_stdin(stdin), cause=cause,
+                                    timeout=timeout, wait=_flag(wait, "wait"), cap=cap,
+                                    cancel=cancel, on_output=on_output)
 
     def tool(self, sid, name, args, call=None, cancel=None):
         """One of the built-in agent's file tools, in the session's sandbox: ToolOutcome."""
@@ -169,8 +173,8 @@ class Broker:
         why = agent_tools.check_input(name, args)
         if why:
             raise UsageError(why)
+        call_id = _call(call)[1] if call is not None else None
         session = self._session(sid, runs=True)
-        call_id = call[1] if call else None
         cause = {"kind": self.caller.face, "tool": name, "call": None if call_id is None else str(call_id),
                  "client": self.caller.client, "summary": agent_tools.summary(name, args)}
 
@@ -184,28 +188,37 @@ class Broker:
 
     # -- looking -------------------------------------------------------------------------------
 
+    # Reading a session is an act on it too: only where a rule covers its folder.
+
     def diff(self, sid):
-        return _diff(_sid(sid))
+        return _diff(self._session(sid).sid)
 
     def log(self, sid):
-        return _log(_sid(sid))
+        return _log(self._session(sid).sid)
 
     def savepoints(self, sid):
-        return history.savepoints(_sid(sid))
+        return history.savepoints(self._session(sid).sid)
 
     def compare(self, a, b):
-        return history.compare(_sid(a), _sid(b))
+        return history.compare(self._session(a).sid, self._session(b).sid)
 
     def blame(self, path):
-        if not isinstance(path, str):
+        if not isinstance(path, str) or "\0" in path:
             raise UsageError("path must be a string")
+        self._rule(os.path.realpath(path))
         return _blame(path)
 
     def check(self, sid, only=(), drop=()):
-        return _check(_sid(sid), _sels(only), _sels(drop))
+        return _check(self._session(sid).sid, _sels(only), _sels(drop))
 
     def sessions(self):
-        return _sessions()
+        """The sessions on folders a rule covers (another folder's are none of a harness's
+        business: their commands, their targets)."""
+        try:
+            pol = policy.load()
+        except OverlordError as exc:
+            raise Denied(f"{exc}; brokered sessions are denied until it is fixed") from None
+        return [m for m in _sessions() if covered(pol.rule(m["target"]))]
 
     def audit_head(self):
         head = audit.head()
@@ -217,14 +230,22 @@ class Broker:
         return history.rewind(self._session(sid).sid, _int(to, "to"))
 
     def fork(self, sid, at):
-        return history.fork(self._session(sid, runs=True).sid, _int(at, "at"))
+        new = history.fork(self._session(sid, runs=True).sid, _int(at, "at"))
+        forked = get_session(new)              # it copied the original's record of who asked
+        forked.meta["broker"] = self.caller.record()
+        forked.save()
+        return new
 
     def rollback(self, sid):
         return decide.rollback(self._session(sid).sid)
 
-    def revert(self, sid, stack=False, backend=None):
+    def revert(self, sid, stack=False, backend=None, grants=None):
+        """ops.revert, its new session opened as open() opens one: the broker's unasked
+        grants (or `grants`) held to the rule, and who asked."""
         session = self._session(sid)
-        return _revert(session.sid, stack=_flag(stack, "stack"), backend=_backend(backend))
+        _, held, rule = self._admit(session.target, grants)
+        return _revert(session.sid, stack=_flag(stack, "stack"), backend=_backend(backend),
+                       grants=held, policy_origin=rule.origin(), broker=self.caller.record())
 
     def commit(self, sid, force=False, merge=False, only=(), drop=(), countersigned=False):
         """ops.commit, held to policy: allow_force and require_review apply as for anyone."""
@@ -234,6 +255,14 @@ class Broker:
                              countersigned=_flag(countersigned, "countersigned"))
 
     def review(self, sid, **kw):
+        """ops.review -- with a reviewer the caller cannot script: its verdict countersigns
+        commits (require_review), so `script` or a `base_url` the caller serves would make
+        the harness its own second model."""
+        for key in ("script", "base_url"):
+            if kw.get(key) is not None:
+                raise Denied(f"{key} chooses where the reviewer's verdict comes from, and that "
+                             "verdict countersigns commits: the reviewer is a person's choice "
+                             "(`overlord review`), not a brokered caller's")
         return countersign.review(self._session(sid).sid, **kw)
 
     def request_review(self, sid):
@@ -258,8 +287,9 @@ class Broker:
         _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
         from overlord.ops.agent import UNASKED
         _no_person_flags(kw)
-        target, _ = self._admit(target, {k: kw.get(k) for k in ("jail", "net", "timeout", "limits")},
-                                UNASKED)
+        _no_key_elsewhere(kw)
+        target, _, _ = self._admit(target, {k: kw.get(k) for k in ("jail", "net", "timeout", "limits")},
+                                   UNASKED)
         return _agent.agent(task, target, broker=self.caller.record(), **kw)
 
     def resume(self, sid, note=None, **kw):
@@ -271,6 +301,7 @@ class Broker:
     def models(self, **kw):
         import importlib
         _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
+        _no_key_elsewhere(kw)
         return _agent.models(**kw)
 
 
@@ -313,8 +344,25 @@ def _stdin(data):
 def _timeout(value):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise UsageError("timeout must be a positive number of seconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT:
+        raise UsageError(f"timeout must be a positive number of seconds (at most {MAX_TIMEOUT})")
+    return value
+
+
+def _call(call):
+    """(tool name, call id) of a harness's tool call: two strings (an id may be a number)."""
+    if (isinstance(call, (list, tuple)) and len(call) == 2 and isinstance(call[0], str)
+            and call[0] and isinstance(call[1], (str, int)) and not isinstance(call[1], bool)):
+        return call[0], str(call[1])
+    raise UsageError("call must be [tool name, call id]")
+
+
+CAP_MAX = 64 << 20
+
+
+def _cap(value):
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= CAP_MAX:
+        raise UsageError(f"cap must be a whole number of bytes from 0 to {CAP_MAX}")
     return value
 
 
@@ -340,6 +388,21 @@ def _backend(value):
     if value is not None and value not in ("kernel", "fuse"):
         raise UsageError("backend must be kernel or fuse")
     return value
+
+
+def _no_key_elsewhere(kw):
+    """A provider's stored key goes only to the provider's own endpoint: a brokered caller's
+    base_url would have the daemon send the person's key to wherever the caller names."""
+    url = kw.get("base_url")
+    if url is None:
+        return
+    from overlord.agent import keys, providers
+    provider = kw.get("provider") or os.environ.get("OVERLORD_PROVIDER") or "anthropic"
+    if provider == "scripted" or provider not in keys.ENV:
+        return
+    if keys.get(provider) and url != providers.default_base_url(provider):
+        raise Denied(f"base_url: a brokered caller may not send the stored {provider} key to "
+                     "an endpoint of its choosing; a person sets the endpoint at the terminal")
 
 
 def _no_person_flags(kw):

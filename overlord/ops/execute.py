@@ -8,7 +8,7 @@ import stat
 import threading
 import time
 
-from overlord.errors import LaunchError, OverlordError, UsageError
+from overlord.errors import Denied, LaunchError, OverlordError, UsageError
 from overlord.sandbox import backends, executor, harden, jail, limits
 from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
@@ -79,7 +79,11 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     cause = cause or command_cause(argv)
     if close_if_unchanged is None:
         close_if_unchanged = cause.get("kind") != "agent"
-    target = resolve_target(target)
+    given, target = target, resolve_target(target)
+    if broker is not None and target != given:   # ops.Broker checked policy for `given`, real then
+        from overlord.text import escape_path
+        raise Denied(f"the target {escape_path(given)} changed since policy was checked for it "
+                     f"(it leads to {escape_path(target)} now, through a symlink): nothing was opened")
     grants, held = policy.cap(target, grants or {})      # refuses a grant looser than policy
     mod = backends.choose(backend)
     _check_backend_grants(mod, grants, target)

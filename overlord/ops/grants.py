@@ -10,6 +10,7 @@ from overlord.txn import store
 
 GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
 NET_VALUES = ("host", "none")
+MAX_TIMEOUT = 10 ** 9     # seconds: past this a "timeout" is none (and NaN, inf, 10**400 break the clock)
 
 
 # -- grants -----------------------------------------------------------------------------------
@@ -44,8 +45,9 @@ def validate_grants(grants, where="grants"):
             raise UsageError(f"{where}: {key} has the wrong type ({type(value).__name__})")
         if key == "net" and value not in NET_VALUES:
             raise UsageError(f"{where}: net must be one of {', '.join(NET_VALUES)}")
-        if key == "timeout" and value <= 0:
-            raise UsageError(f"{where}: timeout must be a positive number of seconds")
+        if key == "timeout" and not 0 < value <= MAX_TIMEOUT:     # NaN fails every comparison
+            raise UsageError(f"{where}: timeout must be a positive number of seconds "
+                             f"(at most {MAX_TIMEOUT})")
         if key == "limits":
             value = limits.validate(value, f"{where}: limits")
         out[key] = value

@@ -5,6 +5,7 @@ import time
 
 from overlord.errors import OverlordError
 from overlord.ops.execute import _create_session, refuse_if_pending
+from overlord.ops.grants import _check_backend_grants
 from overlord.ops.review import get_session
 from overlord.sandbox import backends
 from overlord.text import escape_path
@@ -14,9 +15,11 @@ from overlord.txn import revert as txn_revert
 from overlord.txn.session import remove_tree
 
 
-def revert(sid, stack=False, backend=None):
+def revert(sid, stack=False, backend=None, grants=None, policy_origin=None, broker=None):
     """A new pending session whose one savepoint puts back what session sid replaced.
-    Refused, staging nothing, if any path it touched changed again since."""
+    Refused, staging nothing, if any path it touched changed again since. grants,
+    policy_origin, broker: what the new session runs under and records (ops.Broker's; a
+    person's revert opens with none, as `overlord run` unasked)."""
     session = get_session(sid)
     state = session.meta["state"]
     if state != "committed":
@@ -30,6 +33,7 @@ def revert(sid, stack=False, backend=None):
     if not os.path.isdir(target):
         raise OverlordError(f"cannot revert session {sid}: its target {target} is gone")
     mod = backends.choose(backend)
+    _check_backend_grants(mod, grants or {}, target)
     argv = ["overlord", "revert", sid]
     with locks.TargetLock(target):
         refuse_if_pending(target, stack)
@@ -40,7 +44,7 @@ def revert(sid, stack=False, backend=None):
             raise OverlordError(f"cannot revert session {sid}: {len(conflicts)} path"
                                 f"{'' if len(conflicts) == 1 else 's'} changed since it was "
                                 f"committed: {shown}{more}; nothing was staged")
-        new = _create_session(target, mod, {}, argv, None)
+        new = _create_session(target, mod, dict(grants or {}), argv, None, policy_origin, broker)
         try:
             upper, _ = new.prepare_upper()
             txn_revert.stage(upper, record, target, contents, new.dialect)

@@ -17,30 +17,10 @@ from overlord import ops
 from overlord.errors import Denied, OverlordError, UsageError
 from overlord.ops import execute
 
+sys.path.insert(0, os.path.join(REPO, "test", "daemon"))
+from test_broker import env, loose, set_policy  # noqa: E402,F401 - env is a fixture
+
 NAN, INF = float("nan"), float("inf")
-
-
-def hole(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
-def set_policy(home, data):
-    path = home / "policy.json"
-    path.write_text(json.dumps(data))
-    os.chmod(path, 0o600)
-    ops.policy_show(str(home.parent / "target"))   # the change is noticed (policy.change) now
-
-
-@pytest.fixture
-def env(home, target, backend, monkeypatch):
-    monkeypatch.setenv("OVERLORD_TEST_BACKEND", backend)
-    monkeypatch.chdir(target)
-    return home, target, backend
-
-
-def loose(backend):
-    """What a harness must ask for on this backend (the fuse backend cannot jail)."""
-    return {"jail": False, "net": "host"} if backend == "fuse" else None
 
 
 def broker(client="red-team"):
@@ -63,11 +43,7 @@ def person_session(target, script="echo p > person.txt", **kw):
 
 # -- grants of odd types and values ------------------------------------------------------------
 
-@pytest.mark.parametrize("timeout", [
-    pytest.param(NAN, marks=hole("NaN > cap is False: a NaN timeout passed the cap, then crashed "
-                                 "the launcher (select) leaving a session `running`")),
-    pytest.param(10 ** 400, marks=hole("an int too big for a float: OverflowError, a traceback")),
-    INF, -INF, 1e300])
+@pytest.mark.parametrize("timeout", [NAN, 10 ** 400, INF, -INF, 1e300])
 def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused(env, timeout):
     """NaN compares false with everything, so `NaN > cap` let it past a timeout cap; the
     command then crashed the launcher with a half-made session left `running`."""
@@ -79,10 +55,7 @@ def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused(env, timeou
     assert records(home) == before
 
 
-@pytest.mark.parametrize("timeout", [
-    NAN,
-    pytest.param(INF, marks=hole("inf passed: the command ran, then a traceback (select, JSON)")),
-    pytest.param(10 ** 400, marks=hole("OverflowError: a traceback"))])
+@pytest.mark.parametrize("timeout", [NAN, INF, 10 ** 400])
 def test_an_exec_timeout_that_is_not_finite_is_refused(env, timeout):
     home, target, backend = env
     set_policy(home, {"targets": {str(target): {}}})
@@ -109,7 +82,6 @@ def test_grants_of_the_wrong_shape_are_refused_before_anything_opens(env, bad):
     assert records(home) == before
 
 
-@hole("the policy parser took NaN as a number of seconds > 0")
 def test_a_nan_timeout_in_the_policy_file_refuses_rather_than_capping_nothing(env):
     """json.loads takes NaN: a NaN cap compared false with every request and capped nothing."""
     home, target, backend = env
@@ -122,7 +94,6 @@ def test_a_nan_timeout_in_the_policy_file_refuses_rather_than_capping_nothing(en
 
 @pytest.mark.parametrize("call", [5, "ab", ("exec",), ("exec", 1, 2), {"a": 1, "b": 2},
                                   ("exec", ["x"]), (None, 1)])
-@hole("call was unpacked unchecked: a TypeError/ValueError traceback, or a str/dict taken apart")
 def test_a_tool_call_id_of_the_wrong_shape_is_a_usage_error(env, call):
     home, target, backend = env
     set_policy(home, {"targets": {str(target): {}}})
@@ -135,7 +106,6 @@ def test_a_tool_call_id_of_the_wrong_shape_is_a_usage_error(env, call):
 
 
 @pytest.mark.parametrize("cap", ["big", -1, 1.5, True, None])
-@hole("cap was passed on unchecked to the reader threads")
 def test_a_capture_cap_of_the_wrong_shape_is_a_usage_error(env, cap):
     """A str cap killed the reader threads: the command then blocked on a full pipe."""
     home, target, backend = env
@@ -173,7 +143,6 @@ def test_a_target_overlapping_overlord_home_is_refused(env, tmp_path):
     assert ops.sessions() == []
 
 
-@hole("execute.run resolved the target again and opened on whatever it led to by then")
 def test_a_symlink_swapped_between_the_check_and_the_open_is_refused(env, tmp_path, monkeypatch):
     """Broker._admit resolves and checks the target, then execute.run resolves it again: a
     component turned into a symlink in between must not open a session on the folder it leads
@@ -224,7 +193,6 @@ def test_exec_into_a_persons_session_the_rule_now_refuses_is_refused(env):
     assert (records(home), tree(target)) == before
 
 
-@hole("the broker ran commands under a person's --trace strace (ptrace allowed by seccomp)")
 def test_a_traced_persons_session_runs_nothing_for_a_harness(env):
     """`--trace strace` loosens the session's seccomp filter to allow ptrace: the broker never
     grants trace, so it may not run a command (or fork a session) under one a person traced."""
@@ -242,7 +210,6 @@ def test_a_traced_persons_session_runs_nothing_for_a_harness(env):
     assert (records(home), tree(target)) == before
 
 
-@hole("ops.revert opened with grants {} (unjailed, host network), no policy, no broker record")
 def test_a_brokered_revert_is_held_to_the_broker_rules(env):
     """ops.revert opens its session with no grants at all (unjailed, on the host network) and
     no record of who asked; through the broker it gets the broker's unasked grants."""
@@ -266,7 +233,6 @@ def test_a_brokered_revert_is_held_to_the_broker_rules(env):
         assert broker().exec(sid, ["true"]).exit_code == 0
 
 
-@hole("Broker.revert took no grants: nothing held them to the rule")
 def test_a_brokered_revert_refuses_grants_looser_than_the_rule(env):
     home, target, _ = env
     set_policy(home, {"targets": {str(target): {}}})
@@ -279,7 +245,6 @@ def test_a_brokered_revert_refuses_grants_looser_than_the_rule(env):
     assert records(home) == before
 
 
-@hole("a fork copied the original's broker record (or none): not who asked for the fork")
 def test_a_fork_records_who_asked_for_it(env):
     home, target, backend = env
     set_policy(home, {"targets": {str(target): {}}})
@@ -294,7 +259,6 @@ def test_a_fork_records_who_asked_for_it(env):
 
 # -- looking at what no rule covers ------------------------------------------------------------
 
-@hole("diff, log, savepoints, check, compare, blame never checked that a rule covers the folder")
 def test_looking_at_a_session_no_rule_covers_is_denied(env):
     """Every act on an existing session re-checks coverage: reading one counts too (its
     changes, their contents in the gate's findings, its provenance)."""
@@ -314,6 +278,21 @@ def test_looking_at_a_session_no_rule_covers_is_denied(env):
     assert len(broker().savepoints(sid)) == 1
 
 
+def test_sessions_lists_only_what_a_rule_covers(env, tmp_path):
+    """A person's sessions elsewhere (their targets, their command lines) are not listed."""
+    home, target, _ = env
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    mine = person_session(target)
+    person_session(elsewhere, "echo TOKEN=s3cr3t > .env")
+    set_policy(home, {"targets": {str(target): {}}})
+    assert [m["sid"] for m in broker().sessions()] == [mine]
+    assert len(ops.sessions()) == 2
+    (home / "policy.json").write_text("{broken")
+    with pytest.raises(Denied, match="policy"):
+        broker().sessions()
+
+
 # -- the reviewer, the agent's endpoint --------------------------------------------------------
 
 def approving_script(tmp_path):
@@ -323,7 +302,6 @@ def approving_script(tmp_path):
     return str(path)
 
 
-@hole("Broker.review passed script/base_url on: a harness scripted its own approval")
 def test_a_harness_cannot_pick_the_reviewer_that_countersigns_its_commit(env, tmp_path):
     """require_review wants a second model's approval; a reviewer the harness scripts (or a
     base_url it serves) is its own approval. Refused, nothing recorded, the commit refused."""
@@ -336,13 +314,13 @@ def test_a_harness_cannot_pick_the_reviewer_that_countersigns_its_commit(env, tm
                {"provider": "openai-compatible", "model": "m", "base_url": "http://127.0.0.1:9"}):
         with pytest.raises(Denied, match="reviewer"):
             broker().review(sid, **kw)
-    with pytest.raises(OverlordError, match="review"):
-        broker().commit(sid)
     assert (records(home), tree(target)) == before
     assert not ops.get_session(sid).meta.get("reviews")
+    with pytest.raises(OverlordError, match="review"):
+        broker().commit(sid)
+    assert tree(target) == before[1]
 
 
-@hole("models/agent sent the stored key to any base_url the caller named")
 def test_a_harness_cannot_send_a_stored_key_to_a_base_url_of_its_choosing(env, monkeypatch):
     home, target, backend = env
     set_policy(home, {"targets": {str(target): {}}})
