@@ -163,7 +163,7 @@ class Http:
             conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
             for key, value in sent.items():
                 conn.putheader(key, value)
-            if data is not None:
+            if data is not None and "Content-Length" not in sent:
                 conn.putheader("Content-Length", str(len(data)))
             conn.endheaders(data)
             response = conn.getresponse()

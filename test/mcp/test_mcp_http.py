@@ -90,7 +90,9 @@ def test_refusals_carry_a_json_rpc_error_body_and_change_nothing(server, home, t
             ({"headers": {"Content-Type": "text/plain"}}, 415),
             ({"headers": {"Accept": "text/html"}}, 406),
             ({"method": "GET", "body": None}, 405),
-            ({"method": "PUT"}, 405)]:
+            ({"method": "PUT"}, 405),
+            ({"headers": {"Content-Length": str(64 << 20)}, "body": b"{}"}, 413),
+            ({"headers": {"Content-Length": "many"}, "body": b"{}"}, 411)]:
         body = kw.pop("body", INIT)
         got, headers, answer = server.rpc(body, **kw)
         assert got == status, (kw, got, answer)

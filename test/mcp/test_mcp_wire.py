@@ -69,6 +69,18 @@ def test_garbage_gets_the_right_error_and_the_server_keeps_serving(raw, home, ta
     assert code_ == 0 and rest == b""
 
 
+def test_a_message_over_the_line_cap_is_refused_and_the_next_one_served(raw, home, target):
+    from overlord.mcp.stdio import LINE_MAX
+    raw.initialize()
+    before = tree(target), records(home)
+    raw.send(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "' +
+             b"x" * LINE_MAX + b'"}}')
+    answer = raw.recv()
+    assert code(answer) == INVALID and answer["id"] is None and "at most" in answer["error"]["message"]
+    assert raw.request("ping")["result"] == {}
+    assert (tree(target), records(home)) == before
+
+
 def test_tool_call_errors_protocol_and_tool_level(raw, home, target):
     """Unknown tool or malformed params: protocol errors (-32602). Wrong arguments, a refused
     session id: results with isError, which the model reads. Nothing changes."""
