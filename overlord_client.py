@@ -17,8 +17,8 @@ docs/INTEGRATION.md shows a harness wrapping its shell tool with it.
 Conventions:
 
 - Every failure is `OverlordError`: `.code` is the daemon's code (400 bad arguments, 403 denied
-  by policy, 404 unknown session or op, 409 refused, 413 request too long, 500 internal) or one
-  of the SDK's own: 503 no daemon / connection lost (`NO_DAEMON`), 504 no reply within the
+  by policy, 404 unknown session or op, 409 refused, 413 request too long, 429 over a cap of
+  the daemon's, 500 internal) or one of the SDK's own: 503 no daemon / connection lost (`NO_DAEMON`), 504 no reply within the
   client's timeout (`NO_REPLY`), 502 the daemon sent something that is not the protocol
   (`BAD_REPLY`); str(exc) is the daemon's one-line message. No socket or JSON exception
   escapes the API. An exception raised by one of your own callbacks reaches you unchanged.
@@ -27,8 +27,10 @@ Conventions:
   daemon's records, not in the connection: their sids stay valid).
 - A Client is thread-safe: a reader thread demultiplexes replies and events by request id, so
   one thread may run `agent()` while another calls `agent_cancel()`. Callbacks (`on_event`,
-  `on_output`) run in the thread that made the call, never in the reader thread, so they may
-  call the client themselves.
+  `on_output`, ...) run in the thread that made the call, never in the reader thread, so they
+  may call the client themselves. The daemon serves at most 16 requests in flight on one
+  connection: a 17th call waits here for a slot instead of failing.
+- `target=None` (open, agent) is this process's working directory, not the daemon's.
 - Output: `ExecResult.stdout` / `.stderr` are str (UTF-8, undecodable bytes replaced);
   `.stdout_bytes` / `.stderr_bytes` are the exact bytes. `on_output(stream, data)` gets
   stream "stdout" or "stderr" and data as bytes, as the command writes it. stdin may be str or
@@ -51,7 +53,8 @@ __all__ = ["BAD_REPLY", "Client", "ExecResult", "LiveSession", "NO_DAEMON", "NO_
 NO_DAEMON = 503          # no daemon on the socket, or the connection to it was lost
 BAD_REPLY = 502          # the daemon's side sent a line that is not the protocol
 NO_REPLY = 504           # no reply within the client's timeout
-MAX_LINE = 1 << 20       # the daemon's request cap (a request line, newline included)
+MAX_LINE = 1 << 20       # the daemon's request cap (a request line, newline not counted)
+IN_FLIGHT = 16           # the daemon's cap on requests in flight on one connection
 
 GRANTS = ("jail", "net", "timeout", "limits", "merge_base")   # what a session may be granted
 
@@ -226,18 +229,22 @@ def _chunk(event):
 
 
 def _put_bytes(args, name, data):
-    """Carry data (str or bytes) as args[name] (text) or args[name + "_b64"] (other bytes)."""
+    """Carry data (str or bytes) as args[name] (UTF-8 text without NUL) or else, exactly, as
+    args[name + "_b64"]."""
     if data is None:
         return
     if isinstance(data, str):
-        args[name] = data
-        return
+        data = data.encode("utf-8", "surrogateescape")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise OverlordError(f"{name} must be str or bytes, not {type(data).__name__}", 400)
     data = bytes(data)
     try:
-        args[name] = data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
+        text = None
+    if text is not None and "\0" not in text:
+        args[name] = text
+    else:
         args[name + "_b64"] = base64.b64encode(data).decode("ascii")
 
 
@@ -266,7 +273,8 @@ class Client:
     socket: the daemon's socket path (default: `default_socket()`); timeout: seconds a call
     waits for the daemon's next message (an event or the reply) and for the connection, None
     to wait as long as it takes (an agent may run for an hour); name: how this client names
-    itself to the daemon (recorded as the session's broker client; untrusted text)."""
+    itself, sent as every request's "client" (the sessions it opens record it as
+    `broker.client`; at most 200 characters are kept)."""
 
     def __init__(self, socket=None, timeout=None, name=None):
         self.socket = os.fspath(socket) if socket is not None else default_socket()
@@ -276,6 +284,8 @@ class Client:
         self._conn_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
+        self._slots = threading.BoundedSemaphore(IN_FLIGHT)
+        self._local = threading.local()     # calls this thread is inside (a callback's own)
 
     # -- the connection ------------------------------------------------------------------
 
@@ -315,15 +325,29 @@ class Client:
         id and ok); on_event(event) is called for each event before it. The building block of
         every method below, for an op this file does not wrap."""
         args = {k: v for k, v in args.items() if v is not None}
+        if self.name is not None:
+            args.setdefault("client", self.name)
         rid = next(self._ids)
         try:
             line = json.dumps(dict(args, id=rid, op=op), ensure_ascii=False,
                               separators=(",", ":")).encode("utf-8") + b"\n"
         except (TypeError, ValueError) as exc:
             raise OverlordError(f"{op}: an argument cannot be sent as JSON ({exc})", 400) from None
-        if len(line) > MAX_LINE:
+        if len(line) - 1 > MAX_LINE:
             raise OverlordError(f"{op}: the request is {len(line)} bytes, over the daemon's "
                                 f"limit of {MAX_LINE} bytes", 413)
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:          # a call made from a callback uses its caller's slot
+            self._slots.acquire()
+        self._local.depth = depth + 1
+        try:
+            return self._exchange(op, rid, line, on_event)
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                self._slots.release()
+
+    def _exchange(self, op, rid, line, on_event):
         conn = self._connection()
         q = conn.register(rid)
         try:
@@ -363,7 +387,7 @@ class Client:
     # -- sessions ------------------------------------------------------------------------
 
     def ping(self):
-        """The daemon's answer to ping (a dict)."""
+        """{"pid", "uid", "version", "socket"} of the daemon."""
         return self.call("ping")
 
     def run(self, target, argv, stdin=None, on_output=None, backend=None, stack=False,
@@ -374,7 +398,7 @@ class Client:
         grants, rest = _split(grants)
         if rest:
             raise OverlordError(f"run: unknown argument(s) {', '.join(sorted(rest))}", 400)
-        args = {"target": os.fspath(target), "argv": _argv(argv), "grants": grants,
+        args = {"target": _target(target), "argv": _argv(argv), "grants": grants,
                 "backend": backend, "stack": stack or None, "wait": wait or None}
         _put_bytes(args, "stdin", stdin)
         on_event, out = self._output(on_output)
@@ -383,25 +407,28 @@ class Client:
 
     def open(self, target=None, on_output=None, backend=None, stack=False, wait=False,
              **grants):
-        """Open a pending session on target (None: the daemon's default) for exec calls:
-        a LiveSession. As a context manager it closes on exit and never commits."""
+        """Open a pending session on target (None: this process's working directory) for
+        exec calls: a LiveSession. grants as for run(). on_output(stream, data) gets every
+        exec's output as it is written. As a context manager it closes on exit and never
+        commits."""
         grants, rest = _split(grants)
         if rest:
             raise OverlordError(f"open: unknown argument(s) {', '.join(sorted(rest))}", 400)
-        reply = self.call("open", target=os.fspath(target) if target is not None else None,
-                          grants=grants, backend=backend, stack=stack or None, wait=wait or None)
+        reply = self.call("open", target=_target(target), grants=grants, backend=backend, stack=stack or None, wait=wait or None)
         return LiveSession(self, reply, on_output)
 
-    def exec(self, sid, argv, stdin=None, timeout=None, on_output=None):
-        """One more command in a pending session: an ExecResult."""
-        args = {"sid": sid, "argv": _argv(argv), "timeout": timeout}
+    def exec(self, sid, argv, stdin=None, timeout=None, on_output=None, wait=None):
+        """One more command in a pending session: an ExecResult. wait=False refuses (409)
+        instead of queueing behind a command already running in the session."""
+        args = {"sid": sid, "argv": _argv(argv), "timeout": timeout, "wait": wait}
         _put_bytes(args, "stdin", stdin)
         on_event, out = self._output(on_output)
         reply = self.call("exec", on_event=on_event, **args)
         return ExecResult(reply, bytes(out["stdout"]), bytes(out["stderr"]))
 
     def close_session(self, sid):
-        """End a live session's attachment; the session stays pending for a person."""
+        """End a live session's attachment: this connection's requests still running in it
+        are cancelled; the session stays pending for a person. {"sid", "state", "cancelled"}"""
         return self.call("close", sid=sid)
 
     def sessions(self):
@@ -409,16 +436,20 @@ class Client:
         return _list(self.call("sessions"), "sessions")
 
     def diff(self, sid):
+        """The session's changes: [{"path", "kind", "layer", "details"}] (diff --json)."""
         return _list(self.call("diff", sid=sid), "changes")
 
     def log(self, sid):
+        """{"sid", "changes": [{"path", "kind", "before", "after", "layer", "caused_by",
+        "details"}], "dropped": [...]} (log --json)."""
         return self.call("log", sid=sid)
 
     def savepoints(self, sid):
+        """[{"layer", "paths", "caused_by", "causes", "coarse", "pinned", "sealed", "bytes"}]"""
         return _list(self.call("savepoints", sid=sid), "savepoints")
 
     def rewind(self, sid, to):
-        """Drop the savepoints above @to."""
+        """Drop the savepoints above @to: {"sid", "to", "dropped"} (how many were dropped)."""
         return self.call("rewind", sid=sid, to=to)
 
     def fork(self, sid, at):
@@ -426,16 +457,25 @@ class Client:
         return Session(self, self.call("fork", sid=sid, at=at))
 
     def compare(self, a, b):
+        """{"a", "b", "rows": [{"path", "status"}]}: same, differs, only-in-a, only-in-b."""
         return self.call("compare", a=a, b=b)
 
-    def blame(self, path, at=None, line=None):
-        return self.call("blame", path=os.fspath(path), at=at, line=line)
+    def blame(self, path):
+        """Who wrote each line of a committed file (blame --json's object)."""
+        return self.call("blame", path=os.fspath(path))
 
-    def revert(self, sid, stack=False, backend=None):
-        """A new pending session undoing the committed session sid: a Session."""
-        return Session(self, self.call("revert", sid=sid, stack=stack or None, backend=backend))
+    def revert(self, sid, stack=False, backend=None, **grants):
+        """A new pending session undoing the committed session sid: a Session. grants as
+        for open() (unasked: jailed and offline, held to the target's policy)."""
+        grants, rest = _split(grants)
+        if rest:
+            raise OverlordError(f"revert: unknown argument(s) {', '.join(sorted(rest))}", 400)
+        return Session(self, self.call("revert", sid=sid, stack=stack or None, backend=backend,
+                                       grants=grants or None))
 
     def commit(self, sid, force=False, merge=False, only=(), drop=(), countersigned=False):
+        """Commit onto the real tree (policy's allow_force and require_review hold): {"sid",
+        "state": "committed", "changes", "counts", "merged", "findings", "countersigned"}."""
         return self.call("commit", sid=sid, force=force or None, merge=merge or None,
                          only=list(only) or None, drop=list(drop) or None,
                          countersigned=countersigned or None)
@@ -444,6 +484,7 @@ class Client:
         return self.call("rollback", sid=sid)
 
     def check(self, sid, only=(), drop=()):
+        """What a commit would face: check --json's object."""
         return self.call("check", sid=sid, only=list(only) or None, drop=list(drop) or None)
 
     def request_review(self, sid):
@@ -451,49 +492,68 @@ class Client:
         return self.call("request_review", sid=sid)
 
     def audit_head(self):
-        """The audit chain's head: {"seq", "mac", "ts"} (or {"seq": 0})."""
+        """The audit chain's head: {"seq", "mac"} ({"seq": 0, "mac": None} when empty)."""
         return self.call("audit_head")
 
     # -- the agent -----------------------------------------------------------------------
 
-    def agent(self, task, target=None, on_event=None, **opts):
-        """Run the built-in agent on task in a new session on target; blocks until it is
-        done. on_event(event) gets each transcript event as it happens (its "type": task,
-        request, reply, tool_call, tool_result, done, ...). opts as `ops.agent`: provider,
-        model, script, max_turns, jail, net, timeout, limits, backend, ... Returns a Session
-        whose .reason, .turns, .usage, .message say how it ended."""
-        reply = self.call("agent", on_event=_agent_events(on_event),
-                          task=task, target=os.fspath(target) if target is not None else None,
-                          **opts)
-        return Session(self, reply)
+    def agent(self, task, target=None, on_event=None, on_session=None, on_delta=None,
+              **opts):
+        """Run the built-in agent on task in a new session on target (None: this process's
+        working directory); blocks until it is done, and returns a Session whose .reason,
+        .turns, .usage and .message say how it ended (the session is left pending).
+        on_session(sid): once, as soon as the session exists (the sid agent_cancel takes);
+        on_event(event): each transcript event as it is recorded ({"type": "task" |
+        "request" | "assistant" | "tool_call" | "tool_result" | "done" | ..., ...});
+        on_delta(type, text): the model's text as it streams. opts as docs/DAEMON.md's
+        agent op: provider, model, base_url, headers, knobs, script, system, max_turns,
+        context_window, jail, net, timeout, limits, backend, audit, stack."""
+        return Session(self, self.call(
+            "agent", on_event=_agent_events(on_event, on_session, on_delta), task=task,
+            target=_target(target), deltas=True if on_delta else None, **opts))
 
-    def resume(self, sid, note=None, on_event=None, **opts):
-        """Continue an agent session (with note as the next user turn): a Session."""
-        return Session(self, self.call("resume", on_event=_agent_events(on_event), sid=sid,
-                                       note=note, **opts))
+    def resume(self, sid, note=None, on_event=None, on_delta=None, **opts):
+        """Continue an agent session, note as the next user turn (headers, max_turns): a
+        Session, as agent() returns."""
+        return Session(self, self.call(
+            "resume", on_event=_agent_events(on_event, None, on_delta), sid=sid, note=note,
+            deltas=True if on_delta else None, **opts))
 
     def agent_cancel(self, sid):
-        """Stop the agent running in session sid (from any thread): its tool call is killed,
-        the session stays pending."""
+        """Stop the agent running in session sid (from any thread or client): it stops at its
+        next step, a running tool call is killed, the session stays pending. {"sid",
+        "stopping"}: stopping is True when an agent was running in it."""
         return self.call("agent_cancel", sid=sid)
 
-    def review(self, sid, **opts):
-        """Put the session's pending diff before the reviewing model; its verdict (a dict)."""
-        return self.call("review", sid=sid, **opts)
+    def review(self, sid, on_event=None, **opts):
+        """Put the session's pending diff before the reviewing model (provider, model,
+        headers, knobs, api, same_model, only, drop): {"sid", "verdict"}. on_event gets the
+        review's record as it is written. The reviewer is a person's choice: a brokered
+        caller's `script` or `base_url` is refused (403)."""
+        def unwrap(event):
+            if on_event is not None and event.get("kind") == "review":
+                on_event(event.get("event"))
+        return self.call("review", on_event=unwrap, sid=sid, **opts)
 
     def models(self, **opts):
         """What an endpoint serves right now: [{"id", "name"}]."""
         return _list(self.call("models", **opts), "models")
 
 
-def _agent_events(on_event):
-    if on_event is None:
-        return None
-
+def _agent_events(on_event, on_session, on_delta):
     def unwrap(event):
-        if event.get("kind") == "agent" and isinstance(event.get("event"), dict):
+        kind = event.get("kind")
+        if kind == "session" and on_session is not None:
+            on_session(event.get("sid"))
+        elif kind == "agent" and on_event is not None and isinstance(event.get("event"), dict):
             on_event(event["event"])
+        elif kind == "delta" and on_delta is not None:
+            on_delta(event.get("type"), event.get("text"))
     return unwrap
+
+
+def _target(target):
+    return os.path.abspath(os.fspath(target if target is not None else os.getcwd()))
 
 
 def _list(reply, key):
@@ -619,8 +679,9 @@ class LiveSession(_Handle):
 
 
 class ExecResult:
-    """One command's outcome: exit_code, timed_out, layer (the savepoint it sealed, or None),
-    state (the session's, after it), stdout / stderr (str) and stdout_bytes / stderr_bytes."""
+    """One command's outcome: exit_code, timed_out, cancelled, layer (the savepoint it sealed,
+    or None), state (the session's, after it), stdout / stderr (str) and stdout_bytes /
+    stderr_bytes (exact)."""
 
     def __init__(self, reply, stdout=b"", stderr=b""):
         self.data = reply
@@ -629,6 +690,7 @@ class ExecResult:
         self.timed_out = reply.get("timed_out")
         self.layer = reply.get("layer")
         self.state = reply.get("state")
+        self.cancelled = reply.get("cancelled")
         self.stdout_bytes, self.stderr_bytes = stdout, stderr
         self.stdout = stdout.decode("utf-8", "replace")
         self.stderr = stderr.decode("utf-8", "replace")
