@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -28,21 +27,12 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench import median_ms, timed  # noqa: E402,F401 - bench_daemon takes them from here too
 from overlord import ops  # noqa: E402
 
 
-def median_ms(samples):
-    return statistics.median(samples) * 1000
-
-
-def timed(fn):
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def brokered_grants(backend):
-    """What the server's sessions get (jailed, offline); the fuse backend has no jail."""
+    """What a brokered session gets unasked (jailed, offline); the fuse backend has no jail."""
     return {"jail": False, "net": "host"} if backend == "fuse" else {"jail": True, "net": "none"}
 
 
