@@ -65,7 +65,7 @@ class Server(http.server.ThreadingHTTPServer):
             print(f"overlord mcp: internal error answering a request: {type(exc).__name__}: "
                   f"{exc}", file=sys.stderr, flush=True)
 
-    def setup(self, tools, token, host):
+    def configure(self, tools, token, host):
         self.tools = tools
         self.guard = security.Guard(token, host, self.server_address[1])
         self.sessions = {}                       # Mcp-Session-Id -> Conversation
@@ -272,7 +272,7 @@ def serve(tools, host, port, err=None):
     except OSError as exc:
         raise OverlordError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     try:
-        httpd.setup(tools, token, host)
+        httpd.configure(tools, token, host)
         url = f"http://{host}:{httpd.server_address[1]}{PATH}"
         print(f"overlord mcp: serving {url}", file=err, flush=True)
         print(f"  send the launch token as `Authorization: Bearer {token}` "
