@@ -80,9 +80,8 @@ class Conversation:
         params = msg.params if isinstance(msg.params, dict) else {}
         if msg.method == "notifications/cancelled":
             self.cancel(params.get("requestId"))
-        elif msg.method == "notifications/initialized" and self.era == "handshake":
-            self.initialized = True
-        # every other notification (progress, roots/list_changed, ...) asks nothing of us
+        # every other notification (initialized, progress, roots/list_changed, ...) asks
+        # nothing of us: a conversation is served from the moment initialize is answered
 
     def cancel(self, request_id=None):
         """Cancel the tool call running for request_id, whose answer the client then no longer
