@@ -68,6 +68,9 @@ class _Skipped:
     def __getattr__(self, name):
         return self._ignore
 
+    def __setattr__(self, name, value):      # `ps.required = True`: nothing to set
+        pass
+
     def _ignore(self, *args, **kwargs):
         return self
 

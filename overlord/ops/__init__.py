@@ -18,6 +18,7 @@ _EXPORTS = {
     "check": ("CheckReport", "check"),
     "decide": ("CommitResult", "commit", "rollback"),
     "recovery": ("recover",),
+    "peek": ("OPEN_STATES", "policy_stamp", "session_record"),
     "doctor": ("DoctorReport", "containment_layers", "doctor", "sessions"),
     "execute": ("Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run", "captured"),
     "grants": ("crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target", "validate_grants"),

@@ -29,7 +29,7 @@ from overlord.text import escape_path
 from overlord.trust import audit, checks, protect
 from overlord.txn import store
 
-FILE, SEEN = "policy.json", "policy.seen"
+FILE, SEEN = store.POLICY_FILE, "policy.seen"
 NETS = ("none", "host")                   # tightest first
 SEVERITIES = checks.LEVELS                # the content gate's: one table of checks
 CHECK_DEFAULTS = checks.DEFAULTS
@@ -223,8 +223,7 @@ def _depth(path):
 
 # -- reading and validating --------------------------------------------------------------------
 
-def policy_path():
-    return os.path.join(store.home(), FILE)
+policy_path = store.policy_path
 
 
 _parsed = {}          # sha256 -> (path, Policy): the file is read each time, parsed once

@@ -38,6 +38,14 @@ def journal_dir():
     return os.path.join(home(), "journal")
 
 
+POLICY_FILE = "policy.json"
+
+
+def policy_path():
+    """The live policy file (trust/policy.py reads it)."""
+    return os.path.join(home(), POLICY_FILE)
+
+
 def ensure_home():
     root = home()
     for sub in ("", "sessions", "locks"):
