@@ -138,13 +138,15 @@ def _keep_record(session, chosen, keeper, bfd, steps, after, records):
 
 def rollback(sid):
     session = get_session(sid)
-    state = session.meta["state"]
-    if state not in store.OPEN_STATES:
-        raise OverlordError(f"cannot roll back session {sid}: it is {state}")
-    session.meta.update(state="rolled-back", rolled_back=time.time())
-    session.save()
-    _drop_working_files(session)
-    audit.append("session.rollback", sid=sid, target=session.target)
+    with locks.TargetLock(session.target):     # never under a command still running in it
+        session = get_session(session.sid)
+        state = session.meta["state"]
+        if state not in store.OPEN_STATES:
+            raise OverlordError(f"cannot roll back session {sid}: it is {state}")
+        session.meta.update(state="rolled-back", rolled_back=time.time())
+        session.save()
+        _drop_working_files(session)
+        audit.append("session.rollback", sid=sid, target=session.target)
     return session.meta
 
 
