@@ -82,6 +82,19 @@ def test_grants_of_the_wrong_shape_are_refused_before_anything_opens(env, bad):
     assert records(home) == before
 
 
+@pytest.mark.parametrize("limits", [{"pids": 5_000_000}, {"pids": 2 ** 63}, {"memory_mb": 10 ** 30}])
+def test_a_limit_the_kernel_refuses_is_refused_before_a_session_opens(env, limits):
+    """No ceiling caps it, but the cgroup refuses it (EINVAL, ERANGE): that crashed the first
+    command and left a half-made session `running`, blocking every later open."""
+    home, target, backend = env
+    set_policy(home, {"targets": {str(target): {}}})
+    before = records(home)
+    with pytest.raises(UsageError, match="limits"):
+        broker().open(str(target), dict(loose(backend) or {}, limits=limits))
+    assert records(home) == before
+    assert broker().open(str(target), loose(backend)).state == "pending"
+
+
 def test_a_nan_timeout_in_the_policy_file_refuses_rather_than_capping_nothing(env):
     """json.loads takes NaN: a NaN cap compared false with every request and capped nothing."""
     home, target, backend = env
