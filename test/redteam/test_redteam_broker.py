@@ -347,6 +347,24 @@ def test_a_harness_cannot_send_a_stored_key_to_a_base_url_of_its_choosing(env, m
     assert records(home) == before
 
 
+@pytest.mark.xfail(strict=True, reason="Broker.resume took the recorded endpoint as it was")
+def test_a_harness_resume_never_sends_a_key_stored_since_to_its_base_url(env, monkeypatch):
+    """A harness's agent session on a keyless endpoint of its own (allowed: no key to send);
+    once the person stores a key for that provider, resuming it would send the key there."""
+    home, target, backend = env
+    set_policy(home, {"targets": {str(target): {}}})
+    for name, value in (("OVERLORD_RETRY_SCALE", "0"), ("OVERLORD_PROVIDER_RETRIES", "0"),
+                        ("OPENAI_COMPAT_API_KEY", ""), ("no_proxy", "*")):
+        monkeypatch.setenv(name, value)
+    sid = broker().agent("task", str(target), provider="openai-compatible", model="m",
+                         base_url="http://127.0.0.1:9/v1", **(loose(backend) or {})).sid
+    monkeypatch.setenv("OPENAI_COMPAT_API_KEY", "the-persons-key")
+    before = records(home)
+    with pytest.raises(Denied, match="base_url"):
+        broker().resume(sid, "go on")
+    assert records(home) == before
+
+
 def test_agent_flags_only_a_person_may_pass_are_refused(env, tmp_path):
     home, target, backend = env
     set_policy(home, {"targets": {str(target): {}}})
