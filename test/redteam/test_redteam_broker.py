@@ -347,7 +347,6 @@ def test_a_harness_cannot_send_a_stored_key_to_a_base_url_of_its_choosing(env, m
     assert records(home) == before
 
 
-@pytest.mark.xfail(strict=True, reason="Broker.resume took the recorded endpoint as it was")
 def test_a_harness_resume_never_sends_a_key_stored_since_to_its_base_url(env, monkeypatch):
     """A harness's agent session on a keyless endpoint of its own (allowed: no key to send);
     once the person stores a key for that provider, resuming it would send the key there."""
