@@ -105,27 +105,24 @@ def test_a_nan_timeout_in_the_policy_file_refuses_rather_than_capping_nothing(en
     assert ops.sessions() == []
 
 
-@pytest.mark.parametrize("call", [5, "ab", ("exec",), ("exec", 1, 2), {"a": 1, "b": 2},
-                                  ("exec", ["x"]), (None, 1)])
-def test_a_tool_call_id_of_the_wrong_shape_is_a_usage_error(env, call):
+BAD_CALLS = [5, "ab", ("exec",), ("exec", 1, 2), {"a": 1, "b": 2}, ("exec", ["x"]), (None, 1)]
+BAD_CAPS = ["big", -1, 1.5, True, None]
+
+
+@pytest.mark.parametrize("kw", [{"call": c} for c in BAD_CALLS] + [{"cap": c} for c in BAD_CAPS])
+def test_exec_arguments_of_the_wrong_shape_are_a_usage_error(env, kw):
+    """A call id was unpacked unchecked (a traceback, or a str or dict taken apart); a str cap
+    killed the reader threads, and the command then blocked on a full pipe."""
     home, target, backend = env
     set_policy(home, {"targets": {str(target): {}}})
     sid = broker().open(str(target), loose(backend)).sid
-    with pytest.raises(UsageError, match="call"):
-        broker().exec(sid, ["true"], call=call)
-    with pytest.raises(UsageError, match="call"):
-        broker().tool(sid, "list_dir", {"path": "."}, call=call)
+    name = next(iter(kw))
+    with pytest.raises(UsageError, match=name):
+        broker().capture(sid, ["true"], **kw)
+    if name == "call":
+        with pytest.raises(UsageError, match="call"):
+            broker().tool(sid, "list_dir", {"path": "."}, call=kw["call"])
     assert ops.savepoints(sid) == []
-
-
-@pytest.mark.parametrize("cap", ["big", -1, 1.5, True, None])
-def test_a_capture_cap_of_the_wrong_shape_is_a_usage_error(env, cap):
-    """A str cap killed the reader threads: the command then blocked on a full pipe."""
-    home, target, backend = env
-    set_policy(home, {"targets": {str(target): {}}})
-    sid = broker().open(str(target), loose(backend)).sid
-    with pytest.raises(UsageError, match="cap"):
-        broker().capture(sid, ["true"], cap=cap)
 
 
 # -- targets: symlinks, `..`, prefixes, OVERLORD_HOME, a swap between check and use -----------
