@@ -9,7 +9,9 @@
 
 Every process is `PYTHON -m overlord ...` (PYTHONPATH is the checkout) with a private
 OVERLORD_HOME; the four commands are timed in turn in each round (medians of --runs rounds), so
-a machine that slows down mid-run slows all of them alike. --python times another interpreter
+a machine that slows down mid-run slows all of them alike. Beside the wall time, the CPU time
+the process and all it waited for spent (less swayed by other work on a shared machine).
+--python times another interpreter
 (e.g. /usr/bin/python3, whose site imports less than a virtualenv's). Figures go in
 docs/PERFORMANCE.md with the machine they ran on.
 """
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,16 +31,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {"help": 1.3, "exec": 1.6, "hook": 1.5}
 
 
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def timed(argv, env, stdin=None):
-    t = time.perf_counter()
+    """(wall seconds, CPU seconds of the process and everything it waited for, the process)."""
+    c, t = cpu(), time.perf_counter()
     proc = subprocess.run(argv, env=env, input=stdin, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)
-    elapsed = time.perf_counter() - t
-    return elapsed, proc
+    return time.perf_counter() - t, cpu() - c, proc
 
 
 def checked(argv, env, stdin=None):
-    _, proc = timed(argv, env, stdin)
+    proc = timed(argv, env, stdin)[2]
     if proc.returncode != 0:
         raise SystemExit(f"bench: {' '.join(argv[2:])} failed ({proc.returncode}): "
                          f"{proc.stderr.decode(errors='replace').strip()}")
@@ -85,25 +93,29 @@ def bench(python, runs, backend):
                  "exec": ([*ovl, "exec", sid, "--", "true"], None)}
         if hook_sid:
             cases["hook"] = ([*ovl, "hook", "claude-code"], payload)
-        samples = {name: [] for name in cases}
+        wall = {name: [] for name in cases}
+        spent = {name: [] for name in cases}
         for name, (argv, stdin) in cases.items():          # warm the caches
             timed(argv, env, stdin)
         for _ in range(runs):
             for name, (argv, stdin) in cases.items():
-                elapsed, proc = timed(argv, env, stdin)
+                elapsed, used, proc = timed(argv, env, stdin)
                 if proc.returncode != 0:
                     raise SystemExit(f"bench: {name} failed: {proc.stderr.decode(errors='replace')}")
-                samples[name].append(elapsed)
+                wall[name].append(elapsed)
+                spent[name].append(used)
         if hook_sid:     # every call answered in the one session: the reuse path was timed
-            last = json.loads(timed(cases["hook"][0], env, payload)[1].stdout)
+            last = json.loads(timed(cases["hook"][0], env, payload)[2].stdout)
             assert hook_sid in last["hookSpecificOutput"]["updatedInput"]["command"]
-        med = {name: statistics.median(s) * 1000 for name, s in samples.items()}
+        med = {name: statistics.median(s) * 1000 for name, s in wall.items()}
+        cpu_med = {name: statistics.median(s) * 1000 for name, s in spent.items()}
         out = {"python": python, "runs": runs, "backend": backend,
-               "baseline_ms": med["baseline"]}
+               "baseline_ms": med["baseline"], "baseline_cpu_ms": cpu_med["baseline"]}
         for name, target in TARGETS.items():
             if name in med:
                 out[name] = {"ms": med[name], "ratio": med[name] / med["baseline"],
-                             "target": target}
+                             "cpu_ms": cpu_med[name],
+                             "cpu_ratio": cpu_med[name] / cpu_med["baseline"], "target": target}
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -114,14 +126,15 @@ LABELS = {"help": "overlord --help", "exec": "overlord exec SID -- true",
 
 
 def report(out):
-    lines = [f"python3 -c pass            {out['baseline_ms']:6.2f} ms  ({out['python']})"]
+    lines = [f"python3 -c pass            {out['baseline_ms']:6.2f} ms  (CPU {out['baseline_cpu_ms']:.2f} "
+             f"ms; {out['python']})"]
     for name, label in LABELS.items():
         r = out.get(name)
         if r is None:
             lines.append(f"{label:26s}  (not available)")
             continue
         lines.append(f"{label:26s} {r['ms']:6.2f} ms  ratio {r['ratio']:.2f} "
-                     f"(target <= {r['target']})")
+                     f"(target <= {r['target']}; CPU ratio {r['cpu_ratio']:.2f})")
     return "\n".join(lines)
 
 

@@ -4,7 +4,6 @@ Every byte a command or a model chose is escaped before it reaches a terminal, a
 that is not valid UTF-8 reaches JSON as an escaped `path` plus its exact bytes (`path_b64`),
 never as a lone surrogate. Pure functions: every layer may import this module.
 """
-import base64
 import json
 import os
 
@@ -92,8 +91,12 @@ def path_fields(path, key="path"):
     key_b64: the exact bytes, base64}."""
     if is_exact(path):
         return {key: path}
-    return {key: escape_path(path),
-            f"{key}_b64": base64.b64encode(os.fsencode(path)).decode("ascii")}
+    return {key: escape_path(path), f"{key}_b64": _b64(path)}
+
+
+def _b64(path):
+    import base64            # only for a name that is not UTF-8: not on every command's path
+    return base64.b64encode(os.fsencode(path)).decode("ascii")
 
 
 # keys whose strings are prose (messages, model text): escaped only, never given a *_b64

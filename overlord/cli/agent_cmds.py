@@ -1,6 +1,5 @@
 """The agent's subcommands (agent, resume, transcript, keys, models): parse, call
 overlord.ops, render."""
-import getpass
 import sys
 
 from overlord import ops
@@ -298,6 +297,7 @@ def _transcript_line(ev):
 def cmd_keys(args):
     if args.keys_command == "set":
         if sys.stdin.isatty():
+            import getpass           # (termios): only `keys set` prompts
             key = getpass.getpass(f"{args.provider} key: ")
         else:
             key = sys.stdin.read()
