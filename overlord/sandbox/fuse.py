@@ -19,6 +19,7 @@ import errno
 import mmap
 import os
 import shutil
+import signal
 import stat
 
 from overlord.errors import LaunchError
@@ -237,6 +238,9 @@ def _starter(spec, errw, down_r, state, ids):
     returns."""
     namespaced = ids is not None
     try:
+        # die with the caller (a launcher worker a SIGKILL took): as PID 1 our death takes
+        # every process in the namespace along
+        libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
         spec.hardening.scrub()
         if namespaced and ids[0] != 0:
             # our own /proc files are writable by us only while we are dumpable
