@@ -145,7 +145,8 @@ def parse(msg):
 
 
 def call(found, args, ctx):
-    ctx.broker = ops.Broker(ops.Caller(face="daemon", client=args.pop("client", None)))
+    """found.fn(ctx, args); ctx.broker is the Broker of this caller (made on first use)."""
+    ctx.client = args.pop("client", None)
     return found.fn(ctx, args)
 
 
@@ -360,9 +361,9 @@ def _blame(ctx, args):
     return dict(ctx.broker.blame(args["path"]))
 
 
-@op("revert", sid=(sid, REQ), stack=(boolean, OPT), backend=(string, OPT))
+@op("revert", sid=(sid, REQ), stack=(boolean, OPT), backend=(string, OPT), grants=(obj, OPT))
 def _revert(ctx, args):
-    new = ctx.broker.revert(args["sid"], **_take(args, "stack", "backend"))
+    new = ctx.broker.revert(args["sid"], **_take(args, "stack", "backend", "grants"))
     return session_json(new, "pending", ctx.broker.diff(new), layer=0, reverts=args["sid"])
 
 

@@ -483,12 +483,14 @@ class Connection:
             op, args = handlers.parse(msg)
         except OverlordError as exc:
             return self.send(_error(rid, exc, exc.http_status))
+        with self.state:
+            busy = rid in self.inflight
+        if busy:
+            return self.send(_error(rid, f"id {rid!r} is already in flight on this connection",
+                                    400))
         if op.inline:
             return self._answer(Request(rid, op, args))
         with self.state:
-            if rid in self.inflight:
-                return self.send(_error(rid, f"id {rid!r} is already in flight on this "
-                                             "connection", 400))
             if len(self.inflight) >= MAX_INFLIGHT:
                 return self.send(_error(rid, f"at most {MAX_INFLIGHT} requests may be in flight "
                                              "on one connection", 429))
@@ -541,6 +543,14 @@ class Context:
         self.conn, self.req = conn, req
         self.cancel = req.cancel
         self.daemon = conn.daemon
+        self.client = None               # the request's own name for its caller
+        self._broker = None
+
+    @property
+    def broker(self):
+        if self._broker is None:
+            self._broker = ops.Broker(ops.Caller(face="daemon", client=self.client))
+        return self._broker
 
     def emit(self, event):
         """Send one event line for this request; False once the client is gone."""
