@@ -15,7 +15,7 @@ from overlord.sandbox.trace import Recorder
 from overlord.txn import locks, store
 from overlord.txn.session import Session, open_stamp_ns, remove_tree
 from overlord.ops.grants import (_check_backend_grants, _inside, require_target, resolve_target,
-                                 target_id)
+                                 target_id, validate_grants)
 from overlord.ops.review import _recover_stale, get_session
 from overlord.trust import audit, policy
 
@@ -299,6 +299,8 @@ def exec_in(sid, argv, cause=None, timeout=None, wait=False, stdio=None, cancel=
     track_stdout: as for run() (only with stdio None): ExecResult.at_line_start."""
     if not argv:
         raise UsageError("missing command after --")
+    if timeout is not None:
+        validate_grants({"timeout": timeout}, "--timeout")     # NaN, inf: refused, not a crash
     if launcher is not None:
         return launcher.exec_in(sid, argv, cause=cause, timeout=timeout, wait=wait, stdio=stdio,
                                 cancel=cancel)

@@ -13,7 +13,7 @@ from overlord.trust import audit
 
 
 FORK_DROPS = ("rewinds", "limit", "exit_code", "flat", "reviews", "clearance", "opened_seq",
-              "attestation")
+              "attestation", "needs_review")
 
 
 # -- history ------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ def parse(items, base=None):
     return validate(out)
 
 
+MOST = {"pids": 1 << 22}        # PID_MAX_LIMIT (pids.max refuses more); the others 2**31
+
+
 def validate(limits, where="limits"):
     if not isinstance(limits, dict):
         raise UsageError(f"{where} must be an object of key: number")
@@ -45,6 +48,9 @@ def validate(limits, where="limits"):
             raise UsageError(f"{where}: unknown limit {key!r} (known: {', '.join(DEFAULTS)})")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise UsageError(f"{where}: {key} must be a whole number >= 0 (0 = unlimited)")
+        most = MOST.get(key, 1 << 31)
+        if value > most:          # the cgroup refuses it: the first command would crash
+            raise UsageError(f"{where}: {key} must be at most {most} (0 = unlimited)")
     return dict(limits)
 
 

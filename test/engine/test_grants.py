@@ -150,3 +150,14 @@ def test_net_host_is_granted(ovl, target, tmp_path):
     cap.write_text(json.dumps({"net": "host"}))
     sid, proc = ovl.sh(target, "echo ok > ok.txt", flags=["--manifest", cap], check=0)
     assert ovl.diff(sid) == [("added", "ok.txt")]
+
+
+def test_a_timeout_or_limit_the_clock_or_cgroup_cannot_take_is_a_usage_error(ovl, target):
+    """NaN, inf and a pids value past PID_MAX_LIMIT used to crash the command half-way."""
+    sid, _ = ovl.run(target, "sh", "-c", "echo a > a.txt")
+    for value in ("nan", "inf", "1e400"):
+        r = ovl("exec", sid, "--timeout", value, "--", "true", check=2)
+        assert "timeout must be a positive number" in r.err and "Traceback" not in r.err
+    r = ovl("run", "-t", target, "--stack", "--limit", "pids=99999999", "--", "true", check=2)
+    assert "pids must be at most 4194304" in r.err
+    assert ovl.diff(sid) == [("added", "a.txt")]
