@@ -619,3 +619,52 @@ def test_doctor_says_whether_a_daemon_answers_and_where(daemon, home):
     data = json.loads(cli("doctor", "--json").out)
     assert data["daemon"]["running"] is False and data["daemon"]["pid"] is None
     assert f"daemon: not running ({daemon.socket}: no socket)" in cli("doctor").out
+
+
+# -- systemd ----------------------------------------------------------------------------------
+
+def test_the_daemon_tells_systemd_when_it_is_ready_and_stopping(home, target, tmp_path, backend):
+    path = str(tmp_path / "notify.sock")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(path)
+    notify.settimeout(60)
+    d = Daemon(home, os.path.join(home, "overlordd.sock"), backend,
+               env={"NOTIFY_SOCKET": path}).start()
+    try:
+        assert notify.recv(4096).decode().split("\n") == ["READY=1", f"MAINPID={d.proc.pid}"]
+        sid = opened(d, target)             # systemd's socket is the daemon's, not a command's
+        d.ok({"op": "exec", "sid": sid, "argv": ["sh", "-c", "echo ${NOTIFY_SOCKET-unset}"]})
+        assert d.events == [{"kind": "output", "stream": "stdout", "text": "unset\n"}]
+    finally:
+        assert d.stop() == 0
+    assert notify.recv(4096) == b"STOPPING=1"
+    notify.close()
+
+
+def test_the_user_unit_runs_the_daemon_without_what_would_break_it():
+    import configparser
+    import shutil
+    import subprocess
+    unit = os.path.join(REPO, "packaging", "overlordd.service")
+    parser = configparser.ConfigParser(strict=True, interpolation=None)
+    parser.optionxform = str
+    parser.read(unit, encoding="utf-8")
+    service = parser["Service"]
+    assert service["ExecStart"].split()[-2:] == ["overlord", "daemon"]
+    assert service["Type"] == "notify" and service["KillMode"] == "mixed"
+    assert service["UMask"] == "0077" and parser["Install"]["WantedBy"] == "default.target"
+    # each of these breaks the daemon in a user unit (the file's comment says how)
+    breaking = {"NoNewPrivileges", "SystemCallFilter", "SystemCallArchitectures",
+                "MemoryDenyWriteExecute", "RestrictNamespaces", "RestrictSUIDSGID",
+                "LockPersonality", "RestrictRealtime", "RestrictAddressFamilies",
+                "PrivateDevices", "ProtectKernelTunables", "ProtectKernelModules",
+                "ProtectKernelLogs", "ProtectClock", "ProtectHostname", "ProtectSystem",
+                "ProtectHome", "PrivateTmp", "PrivateUsers", "ReadOnlyPaths",
+                "InaccessiblePaths", "PrivateNetwork", "IPAddressDeny", "User", "DynamicUser"}
+    assert breaking.isdisjoint(service), breaking & set(service)
+    comments = [line for line in open(unit, encoding="utf-8") if line.startswith("#")]
+    for name in ("NoNewPrivileges", "MemoryDenyWriteExecute", "ProtectSystem", "PrivateUsers"):
+        assert any(f"{name}=" in line for line in comments), name       # and says why not
+    if shutil.which("systemd-analyze"):       # its own reading of the file, where it is here
+        proc = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
+        assert "Unknown key" not in proc.stderr and "Invalid" not in proc.stderr, proc.stderr
