@@ -47,62 +47,29 @@ def _shown(value):
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def string(name, v):
-    if not isinstance(v, str):
-        raise UsageError(f"{name} must be a string, not {_shown(v)}")
-    if "\0" in v:
-        raise UsageError(f"{name} must not hold a NUL character")
-    return v
+def _check(ok, what):
+    """A checker: check(name, value) -> value, or UsageError saying what name must be."""
+    def check(name, v):
+        if not ok(v):
+            raise UsageError(f"{name} must be {what}, not {_shown(v)}")
+        return v
+    return check
 
 
-def sid(name, v):
-    if not isinstance(v, str) or not SID_RE.match(v):
-        raise UsageError(f"{name} must be a session id (YYYYMMDD-HHMMSS-xxxxxx), not {_shown(v)}")
-    return v
-
-
-def boolean(name, v):
-    if not isinstance(v, bool):
-        raise UsageError(f"{name} must be true or false, not {_shown(v)}")
-    return v
-
-
-def integer(name, v):
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise UsageError(f"{name} must be an integer, not {_shown(v)}")
-    return v
-
-
-def seconds(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
-        raise UsageError(f"{name} must be a positive number of seconds, not {_shown(v)}")
-    return v
-
-
-def argv(name, v):
-    if (not isinstance(v, list) or not v
-            or not all(isinstance(a, str) and "\0" not in a for a in v)):
-        raise UsageError(f"{name} must be a non-empty list of strings without NUL characters")
-    return v
-
-
-def strings(name, v):
-    if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
-        raise UsageError(f"{name} must be a list of strings")
-    return v
-
-
-def obj(name, v):
-    if not isinstance(v, dict):
-        raise UsageError(f"{name} must be an object, not {_shown(v)}")
-    return v
-
-
-def headers(name, v):
-    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str)
-                                          for k, x in v.items()):
-        raise UsageError(f"{name} must be an object of strings")
-    return v
+string = _check(lambda v: isinstance(v, str) and "\0" not in v, "a string without NUL characters")
+sid = _check(lambda v: isinstance(v, str) and SID_RE.match(v), "a session id (YYYYMMDD-HHMMSS-xxxxxx)")
+boolean = _check(lambda v: isinstance(v, bool), "true or false")
+integer = _check(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+seconds = _check(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                 and 0 < v < float("inf"), "a positive number of seconds")
+obj = _check(lambda v: isinstance(v, dict), "an object")
+strings = _check(lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+                 "a list of strings")
+headers = _check(lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
+                                                       for k, x in v.items()), "an object of strings")
+argv = _check(lambda v: isinstance(v, list) and v and all(isinstance(a, str) and "\0" not in a
+                                                          for a in v),
+              "a non-empty list of strings without NUL characters")
 
 
 def b64(name, v):

@@ -61,6 +61,16 @@ def until_output(conn, rid, text):
             seen += msg["event"].get("text", "").encode()
 
 
+def started(daemon, sid, script, rid=1):
+    """A connection on which request rid runs `sh -c SCRIPT` in session sid, then prints
+    started and sleeps on (as `sleep 987654`): returned once it has said started."""
+    conn = daemon.connect()
+    conn.send({"id": rid, "op": "exec", "sid": sid,
+               "argv": ["sh", "-c", f"{script}; echo started; exec sleep 987654"]})
+    until_output(conn, rid, "started")
+    return conn
+
+
 def reply_to(conn, rid):
     while True:
         msg = conn.recv()
@@ -278,10 +288,7 @@ def test_a_client_that_stops_reading_is_dropped_and_never_stalls_another(home, t
 def test_disconnect_mid_exec_cancels_the_command_and_leaves_the_session_pending(
         daemon, home, target, backend, ovl):
     sid = opened(daemon, target)
-    conn = daemon.connect()
-    conn.send({"id": 1, "op": "exec", "sid": sid,
-               "argv": ["sh", "-c", "echo one > made.txt; echo started; exec sleep 600"]})
-    until_output(conn, 1, "started")
+    conn = started(daemon, sid, "echo one > made.txt")
     conn.close()                                    # the client goes away mid-command
     with daemon.connect(timeout=60) as other:       # queued behind it: runs once it is killed
         reply = other.request({"op": "exec", "sid": sid, "argv": ["cat", "made.txt"], "wait": True})
@@ -304,10 +311,7 @@ def test_a_half_closed_client_still_gets_its_reply(daemon, target, backend):
 
 def test_requests_on_one_connection_run_together_and_close_cancels(daemon, home, target, backend):
     sid = opened(daemon, target)
-    with daemon.connect() as conn:
-        conn.send({"id": 1, "op": "exec", "sid": sid,
-                   "argv": ["sh", "-c", "echo x > kept.txt; echo started; exec sleep 600"]})
-        until_output(conn, 1, "started")
+    with started(daemon, sid, "echo x > kept.txt") as conn:
         conn.send({"id": 2, "op": "ping"})
         assert reply_to(conn, 2)["ok"]               # answered while 1 runs
         conn.send({"id": 1, "op": "ping"})          # an id still in flight is refused
@@ -582,10 +586,7 @@ def _running(marker):
 def test_sigkill_mid_command_kills_the_family_and_the_next_start_reconciles(
         daemon, home, target, backend, ovl):
     sid = opened(daemon, target)
-    conn = daemon.connect()
-    conn.send({"id": 1, "op": "exec", "sid": sid,
-               "argv": ["sh", "-c", "echo one > made.txt; echo started; exec sleep 987654"]})
-    until_output(conn, 1, "started")
+    conn = started(daemon, sid, "echo one > made.txt")
     family = _descendants(daemon.proc.pid)
     assert family and _running(b"987654")
     daemon.kill(signal.SIGKILL)
