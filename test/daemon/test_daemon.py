@@ -669,3 +669,14 @@ def test_the_user_unit_runs_the_daemon_without_what_would_break_it():
     if shutil.which("systemd-analyze"):       # its own reading of the file, where it is here
         proc = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
         assert "Unknown key" not in proc.stderr and "Invalid" not in proc.stderr, proc.stderr
+
+
+def test_docs_daemon_md_lists_every_op_with_exactly_its_arguments():
+    import re
+    rows = {}
+    with open(os.path.join(REPO, "docs", "DAEMON.md"), encoding="utf-8") as f:
+        for line in f:
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if len(cells) == 4 and re.fullmatch(r"`[a-z_]+`", cells[0]):
+                rows[cells[0].strip("`")] = set(re.findall(r"`([a-z_0-9]+)\??`", cells[1]))
+    assert rows == {name: set(op.schema) for name, op in handlers.OPS.items()}
