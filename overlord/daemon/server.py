@@ -356,6 +356,7 @@ class Request:
         self.id, self.op, self.args = rid, op, args
         self.cancel = threading.Event()
         self.sids = set()               # the sessions it runs in, once known (close cancels)
+        self.done = False               # its reply is made (being sent)
 
 
 class Connection:
@@ -484,7 +485,7 @@ class Connection:
         except OverlordError as exc:
             return self.send(_error(rid, exc, exc.http_status))
         with self.state:
-            busy = rid in self.inflight
+            busy = rid in self.inflight and not self.inflight[rid].done
         if busy:
             return self.send(_error(rid, f"id {rid!r} is already in flight on this connection",
                                     400))
@@ -508,10 +509,17 @@ class Connection:
         finally:
             self.daemon.release()
             with self.state:
-                self.inflight.pop(req.id, None)
+                if self.inflight.get(req.id) is req:
+                    del self.inflight[req.id]
                 self.state.notify_all()
 
     def _answer(self, req):
+        reply = self._result(req)
+        with self.state:
+            req.done = True       # answered: its id is free, close no longer counts it
+        self.send(reply)
+
+    def _result(self, req):
         try:
             result = handlers.call(req.op, req.args, Context(self, req))
             reply = {"id": req.id, "ok": True, **result}
@@ -523,14 +531,14 @@ class Connection:
         except Exception:  # noqa: BLE001 - every failure is an answer, never a dropped request
             traceback.print_exc()
             reply = _error(req.id, "internal error (the daemon's log has the details)", 500)
-        self.send(reply)
+        return reply
 
     # -- what a handler may ask of its connection -----------------------------------------------
 
     def cancel_in(self, sid):
         """Cancel this connection's requests running in session sid; how many."""
         with self.state:
-            requests = [r for r in self.inflight.values() if sid in r.sids]
+            requests = [r for r in self.inflight.values() if sid in r.sids and not r.done]
         for req in requests:
             req.cancel.set()
         return len(requests)
