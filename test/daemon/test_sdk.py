@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, tree
 
 import overlord_client as oc
 
@@ -338,3 +338,281 @@ def _await(condition, timeout=30):
             return True
         time.sleep(0.01)
     return False
+
+
+# -- against a real daemon, on both backends --------------------------------------------------
+
+def loose(backend):
+    """What a harness asks for on this backend: the fuse backend cannot jail (nor go offline)."""
+    return {"jail": False, "net": "host"} if backend == "fuse" else {}
+
+
+@pytest.fixture
+def sdk(daemon, target, backend):
+    """(a Client of the test's daemon, the target policy covers, its grants)."""
+    daemon.allow(target)
+    with oc.Client(daemon.socket, timeout=120, name="sdk-test") as client:
+        yield client, str(target), loose(backend)
+
+
+def test_run_returns_a_session_and_its_methods_work(sdk, daemon, ovl):
+    client, target, grants = sdk
+    before = tree(target)
+    s = client.run(target, ["sh", "-c", "echo out; echo err >&2; echo new > new.txt; exit 3"],
+                   **grants)
+    assert isinstance(s, oc.Session) and s.sid and s.state == "pending"
+    assert (s.exit_code, s.timed_out, s.layer) == (3, False, 0)
+    assert (s.stdout, s.stderr) == ("out\n", "err\n") and s.stdout_bytes == b"out\n"
+    assert [(c["kind"], c["path"]) for c in s.changes] == [("added", "new.txt")]
+    assert tree(target) == before                       # nothing reached the tree yet
+    assert [(c["kind"], c["path"]) for c in s.diff()] == [("added", "new.txt")]
+    assert ovl.diff(s.sid) == [("added", "new.txt")]    # the person's CLI sees the same session
+    cause = s.log()["changes"][0]["caused_by"]
+    assert cause["via"] == "daemon" and "new.txt" in cause["command"]
+    assert [p["layer"] for p in s.savepoints()] == [0]
+    assert s.check()["blocks"] is False
+    listed = {x["sid"]: x for x in client.sessions()}[s.sid]
+    assert listed["state"] == "pending" and listed["broker"]["client"] == "sdk-test"
+    head = client.audit_head()["seq"]
+    assert client.request_review(s.sid)["needs_review"]["client"] == "sdk-test"
+    assert client.audit_head()["seq"] == head + 1
+    done = s.commit()
+    assert done["state"] == "committed" and done["counts"]["added"] == 1
+    assert open(os.path.join(target, "new.txt")).read() == "new\n"
+    # blame names the daemon's command; revert undoes the commit in a new pending session
+    owner = client.blame(os.path.join(target, "new.txt"))["lines"][0]["owner"]
+    assert owner["sid"] == s.sid
+    undo = client.revert(s.sid, **grants)
+    assert undo.state == "pending" and undo.reverts == s.sid
+    assert [(c["kind"], c["path"]) for c in undo.diff()] == [("deleted", "new.txt")]
+    assert undo.rollback()["state"] == "rolled-back"
+    assert os.path.exists(os.path.join(target, "new.txt"))
+
+
+def test_a_live_session_exec_shell_history_and_fork(sdk):
+    client, target, grants = sdk
+    with client.open(target, **grants) as live:
+        assert isinstance(live, oc.LiveSession) and live.state == "pending"
+        r = live.exec(["sh", "-c", "printf 'a\\377'; cat; echo oops >&2"], stdin=b"in\x00put")
+        assert isinstance(r, oc.ExecResult)
+        assert (r.exit_code, r.timed_out, r.layer, r.state) == (0, False, None, "pending")
+        assert (r.stdout_bytes, r.stdout) == (b"a\xffin\x00put", "a\ufffdin\x00put")
+        assert r.stderr == "oops\n"
+        assert live.exec(["cat"], stdin="text é").stdout == "text é"
+        assert live.shell("echo 1 > one.txt").layer == 0
+        assert live.shell("echo 2 > two.txt; rm -f hello.txt").layer == 1
+        assert [p["layer"] for p in live.savepoints()] == [0, 1]
+        fork = live.fork(0)
+        assert fork.forked_from == {"sid": live.sid, "layer": 0}
+        assert [(c["kind"], c["path"]) for c in fork.diff()] == [("added", "one.txt")]
+        rows = {r["path"]: r["status"] for r in client.compare(live.sid, fork.sid)["rows"]}
+        assert rows["one.txt"] == "same" and rows["two.txt"] == "only-in-a"
+        fork.rollback()
+        assert live.rewind(0) == {"sid": live.sid, "to": 0, "dropped": 1}
+        assert sorted((c["kind"], c["path"]) for c in live.diff()) == [("added", "one.txt")]
+        t = live.exec(["sleep", "30"], timeout=0.3)
+        assert t.timed_out and t.exit_code == 124
+        with pytest.raises(oc.OverlordError) as e:
+            live.exec(["/no/such/program"])
+        assert e.value.code in (409, 500) and "/no/such/program" in str(e.value)
+    assert live.closed
+    assert sorted((c["kind"], c["path"]) for c in client.diff(live.sid)) == [("added", "one.txt")]
+    live.rollback()
+
+
+def test_the_context_manager_closes_and_leaves_the_session_pending(sdk, ovl):
+    client, target, grants = sdk
+    before = tree(target)
+    with client.open(target, **grants) as live:
+        live.shell("echo kept > kept.txt")
+    assert live.closed and live.close() is None                 # idempotent
+    assert {x["sid"]: x["state"] for x in client.sessions()}[live.sid] == "pending"
+    assert tree(target) == before
+    assert ovl.diff(live.sid) == [("added", "kept.txt")]
+    # an exception inside the block comes out unchanged; still closed, still pending
+    client.rollback(live.sid)
+    with pytest.raises(KeyError):
+        with client.open(target, **grants) as second:
+            second.shell("echo x > x.txt")
+            raise KeyError("the harness's own error")
+    assert second.closed
+    assert {x["sid"]: x["state"] for x in client.sessions()}[second.sid] == "pending"
+    assert tree(target) == before
+    second.rollback()
+
+
+def test_output_is_live_and_a_callback_may_call_the_client(sdk):
+    client, target, grants = sdk
+    live = client.open(target, **grants)
+    seen = []
+
+    def on_output(stream, data):
+        seen.append((stream, data))
+        live.close()        # from inside the callback: cancels the command still running
+    r = live.exec(["sh", "-c", "echo first; exec sleep 600"], on_output=on_output)
+    assert seen == [("stdout", b"first\n")] and r.stdout == "first\n"
+    assert r.cancelled is True and r.exit_code != 0
+    assert {x["sid"]: x["state"] for x in client.sessions()}[live.sid] == "pending"
+    client.rollback(live.sid)
+
+
+def test_every_failure_is_an_overlord_error_with_the_daemons_code(sdk, daemon, tmp_path):
+    client, target, grants = sdk
+    elsewhere = tmp_path / "uncovered"
+    elsewhere.mkdir()
+    before = tree(target)
+    cases = []
+
+    def refused(fn, *args, **kw):
+        with pytest.raises(oc.OverlordError) as e:
+            fn(*args, **kw)
+        cases.append((e.value.code, str(e.value)))
+        return e.value
+    e = refused(client.open, str(elsewhere), **grants)
+    assert e.code == 403 and "policy.json" in str(e) and '"targets"' in str(e)
+    assert refused(client.run, str(elsewhere), ["true"], **grants).code == 403
+    daemon.allow(target, net="none")
+    e = refused(client.open, target, jail=False, net="host")
+    assert e.code == 403 and "net" in str(e)
+    daemon.allow(target)
+    assert refused(client.diff, "20200101-000000-abcdef").code == 404
+    assert refused(client.diff, "../../etc").code == 400
+    assert refused(client.call, "no_such_op").code == 404
+    assert refused(client.call, "open", target=target, grants={"jial": True}).code == 400
+    assert refused(client.rewind, "20200101-000000-abcdef", "one").code == 400
+    s = client.open(target, **grants)
+    assert refused(client.open, target, **grants).code == 409        # one pending per target
+    s.rollback()
+    assert refused(s.commit).code == 409                             # rolled back: nothing to commit
+    assert refused(client.models, provider="no-such-provider").code == 400
+    assert all(msg and "\n" not in msg for _, msg in cases), cases
+    assert tree(target) == before
+
+
+def test_no_daemon_then_a_restart_the_same_client_reconnects(sdk, daemon):
+    client, target, grants = sdk
+    assert client.ping()["pid"] == daemon.proc.pid
+    daemon.stop()
+    with pytest.raises(oc.OverlordError) as e:
+        client.ping()
+    assert e.value.code == 503
+    assert str(e.value) == f"no daemon on {daemon.socket}: start it with `overlord daemon`"
+    daemon.start()
+    assert client.ping()["pid"] == daemon.proc.pid
+
+
+def cut_off_mid_exec(live, script, cut):
+    """Run script in the session on a thread; once it printed, cut() the connection under it.
+    The OverlordError the exec call failed with."""
+    started, failure = threading.Event(), []
+
+    def run():
+        try:
+            live.exec(["sh", "-c", script], on_output=lambda s, d: started.set())
+        except oc.OverlordError as exc:
+            failure.append(exc)
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(60)
+    cut()
+    t.join(60)
+    assert not t.is_alive() and len(failure) == 1, failure
+    return failure[0]
+
+
+def test_a_daemon_killed_mid_exec_is_503_and_the_session_survives(sdk, daemon):
+    client, target, grants = sdk
+    live = client.open(target, **grants)
+    e = cut_off_mid_exec(live, "echo x > k.txt; echo started; exec sleep 300", daemon.kill)
+    assert e.code == 503 and "closed the connection" in str(e)
+    daemon.start()                             # reconciles what the killed daemon left
+    assert {x["sid"]: x["state"] for x in client.sessions()}[live.sid] == "pending"
+    assert [(c["kind"], c["path"]) for c in client.diff(live.sid)] == [("added", "k.txt")]
+    client.rollback(live.sid)
+
+
+def test_closing_the_client_mid_exec_fails_that_call_and_leaves_the_session(sdk, daemon):
+    client, target, grants = sdk
+    live = client.open(target, **grants)
+    e = cut_off_mid_exec(live, "echo started; exec sleep 300", client.close)
+    assert e.code == 503 and "closed" in str(e)
+    with oc.Client(daemon.socket) as other:
+        assert {x["sid"]: x["state"] for x in other.sessions()}[live.sid] == "pending"
+        assert other.exec(live.sid, ["true"]).exit_code == 0    # queued behind the cancelled one
+        other.rollback(live.sid)
+
+
+def write_script(tmp_path, name, turns, model="scripted-test"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"model": model, "turns": turns}))
+    return str(path)
+
+
+def test_agent_in_one_thread_agent_cancel_from_another(sdk, tmp_path, ovl):
+    client, target, grants = sdk
+    script = write_script(tmp_path, "agent.json", [
+        {"text": "Working.", "tool_calls": [{"name": "write_file",
+                                             "input": {"path": "made.txt", "content": "made\n"}},
+                                            {"name": "shell", "input": {"command": "sleep 600"}}]},
+        {"text": "Done."}])
+    assert client.models(provider="scripted", script=script) == [
+        {"id": "scripted-test", "name": "scripted-test"}]
+    sids, events, out = [], [], {}
+    slow_call = threading.Event()
+
+    def on_event(event):
+        events.append(event)
+        if event.get("type") == "tool_call" and event.get("tool") == "shell":
+            slow_call.set()
+
+    def run():
+        try:
+            out["session"] = client.agent("make a file, then wait", target, on_event=on_event,
+                                          on_session=sids.append, provider="scripted",
+                                          script=script, **grants)
+        except oc.OverlordError as exc:
+            out["error"] = exc
+    t = threading.Thread(target=run)
+    t.start()
+    assert slow_call.wait(120), events
+    assert client.agent_cancel(sids[0]) == {"sid": sids[0], "stopping": True}
+    t.join(120)
+    assert not t.is_alive() and "error" not in out, out
+    s = out["session"]
+    assert s.sid == sids[0] and s.reason == "cancelled" and s.state == "pending"
+    assert {e["type"] for e in events} >= {"task", "tool_call", "tool_result"}
+    assert [(c["kind"], c["path"]) for c in s.diff()] == [("added", "made.txt")]
+    assert client.agent_cancel(s.sid)["stopping"] is False          # nothing runs any more
+    deltas = []
+    resumed = client.resume(s.sid, note="finish up", on_delta=lambda k, text: deltas.append(text))
+    assert resumed.reason == "end_turn" and "".join(deltas) == "Done."
+    # the reviewer is a person's choice: a brokered caller cannot script it ...
+    review = write_script(tmp_path, "review.json", [
+        {"tool_calls": [{"name": "approve", "input": {"reason": "fine"}}]}], model="reviewer-1")
+    with pytest.raises(oc.OverlordError) as e:
+        client.review(s.sid, provider="scripted", script=review)
+    assert e.value.code == 403 and "script" in str(e.value)
+    # ... a person reviews at the terminal; the harness's commit then holds the countersignature
+    ovl("review", s.sid, "--provider", "scripted", "--script", review, check=0)
+    assert s.commit(countersigned=True)["state"] == "committed"
+    assert open(os.path.join(target, "made.txt")).read() == "made\n"
+
+
+def test_the_integration_docs_ten_lines_run(sdk, daemon, ovl):
+    client, target, grants = sdk
+    doc = open(os.path.join(REPO, "docs", "INTEGRATION.md"), encoding="utf-8").read()
+    block = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len([line for line in block.splitlines() if line.strip()]) <= 10
+    assert 'client.open("/home/me/project")' in block
+    daemon.allow(target, timeout=600)
+    scope = {"TARGET": target, "GRANTS": grants}
+    exec(block.replace('client.open("/home/me/project")', "client.open(TARGET, **GRANTS)"), scope)
+    shell_tool, live = scope["shell_tool"], scope["live"]
+    assert shell_tool("echo hi > hi.txt; echo out; echo err >&2") == "exit 0\nout\nerr\n"
+    said = shell_tool("true", timeout=601)
+    assert said.startswith("refused (403): ") and "timeout" in said
+    live.request_review()
+    live.close()
+    scope["client"].close()
+    assert ovl.diff(live.sid) == [("added", "hi.txt")]
+    assert {x["sid"]: x["state"] for x in client.sessions()}[live.sid] == "pending"
