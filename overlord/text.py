@@ -96,7 +96,11 @@ def path_fields(path, key="path"):
 
 def _b64(path):
     import base64            # only for a name that is not UTF-8: not on every command's path
-    return base64.b64encode(os.fsencode(path)).decode("ascii")
+    try:
+        data = os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate a peer sent as JSON ("\ud800"): no fs bytes
+        data = path.encode("utf-8", "surrogatepass")
+    return base64.b64encode(data).decode("ascii")
 
 
 # keys whose strings are prose (messages, model text): escaped only, never given a *_b64

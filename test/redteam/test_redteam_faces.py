@@ -57,7 +57,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a child b
 
 # == the daemon ==================================================================================
 
-@pytest.mark.xfail(strict=True, reason="a lone surrogate in a client name crashes text.jsonable mid-open")
 def test_a_client_name_with_a_lone_surrogate_opens_a_whole_session_and_sessions_answers(
         daemon, home, target, backend):
     """The name reached the audit chain's rendering (text.jsonable), which could not encode
