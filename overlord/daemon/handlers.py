@@ -56,7 +56,18 @@ def _check(ok, what):
     return check
 
 
-string = _check(lambda v: isinstance(v, str) and "\0" not in v, "a string without NUL characters")
+def _text(v):
+    """A str an argument or a path can carry: no NUL, no lone surrogate (JSON's "\\ud800")."""
+    if not isinstance(v, str) or "\0" in v:
+        return False
+    try:
+        os.fsencode(v)
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+string = _check(_text, "a string without NUL characters or lone surrogates")
 sid = _check(lambda v: isinstance(v, str) and SID_RE.match(v), "a session id (YYYYMMDD-HHMMSS-xxxxxx)")
 boolean = _check(lambda v: isinstance(v, bool), "true or false")
 integer = _check(lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
@@ -67,9 +78,8 @@ strings = _check(lambda v: isinstance(v, list) and all(isinstance(a, str) for a 
                  "a list of strings")
 headers = _check(lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
                                                        for k, x in v.items()), "an object of strings")
-argv = _check(lambda v: isinstance(v, list) and v and all(isinstance(a, str) and "\0" not in a
-                                                          for a in v),
-              "a non-empty list of strings without NUL characters")
+argv = _check(lambda v: isinstance(v, list) and v and all(_text(a) for a in v),
+              "a non-empty list of strings without NUL characters or lone surrogates")
 
 
 def b64(name, v):

@@ -30,7 +30,7 @@ from overlord.daemon import handlers
 from overlord.errors import OverlordError, UsageError
 from overlord.ops import launcher
 from overlord.ops.doctor import daemon_ping, daemon_socket
-from overlord.text import escape_path, jsonable
+from overlord.text import escape_path, is_exact, jsonable
 
 MAX_LINE = 1 << 20             # bytes of one request line, the newline not counted
 MAX_CONNECTIONS = 128
@@ -90,6 +90,13 @@ def _socket_path(path):
                          f"bytes, at most {SUN_PATH_MAX}): {escape_path(path)}")
     if not os.path.isdir(os.path.dirname(path)):
         raise OverlordError(f"cannot listen on {escape_path(path)}: its directory does not exist")
+    st = os.stat(os.path.dirname(path))
+    if st.st_uid not in (os.geteuid(), 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        # whoever else may write there can rename a socket of their own over ours
+        raise OverlordError(f"will not listen in {escape_path(os.path.dirname(path))}: others "
+                            f"than you can write in it (owner uid {st.st_uid}, mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}) and so replace the socket; use a "
+                            "folder only you (or root) can write, or a sticky one such as /tmp")
     return path
 
 
@@ -477,7 +484,7 @@ class Connection:
             return self.send(_error(None, "a request is one JSON object per line", 400))
         rid = msg.get("id")
         if isinstance(rid, bool) or not isinstance(rid, (int, str)) or (
-                isinstance(rid, str) and not 0 < len(rid) <= 200):
+                isinstance(rid, str) and not (0 < len(rid) <= 200 and is_exact(rid))):
             return self.send(_error(None, "a request needs an id: an integer or a string of "
                                           "1 to 200 characters", 400))
         try:
