@@ -8,15 +8,17 @@ tool_input, tool_use_id), and reads the answer from stdout when the hook exits 0
 "permissionDecisionReason": ..., "updatedInput": ...}}.
 
 - Bash: allow (`--ask`: ask), with updatedInput the same tool_input whose command is now
-      cd -- CWD && OVERLORD_HOME=HOME OVERLORD exec --wait SID -- bash -c ORIGINAL
+      cd -- CWD && OVERLORD_HOME=HOME OVERLORD exec --wait SID -- bash -c -- ORIGINAL
   every word shell-quoted, OVERLORD this very program by its absolute path (never looked up
   on PATH), so the whole original command -- quotes, newlines, `$(...)`, `; overlord commit`
-  and all -- is one argument of `bash -c` inside the session, starting in the session's view
-  of the payload's cwd (overlord exec starts where it is run when that is inside the target).
+  and all -- is one argument of `bash -c --` (one starting with - or + is no option of
+  bash's) inside the session, starting in the session's view of the payload's cwd
+  (overlord exec starts where it is run when that is inside the target).
   The session is opened through the broker (face "hook", client "claude-code") on the project
   directory, CLAUDE_PROJECT_DIR or else the payload's cwd, so a policy `targets` entry must
   cover it; the sid is remembered per project in OVERLORD_HOME/hook-claude-code.json (0600)
-  and used while the session is open (pending or timed-out), a new one opened once it was
+  and used while the session is open (pending or timed-out), a hook's session on that very
+  project as tight (jail, net) as the hook now asks; a new one is opened once it was
   committed or rolled back; when the policy file changed since, the broker looks again.
   A refusal (no `targets` entry, a session of someone else's pending there, ...) and a command
   holding a NUL byte (no argument can carry one) are deny answers whose reason says why.
@@ -144,7 +146,7 @@ def rewrite(command, sid, cwd):
     """The Bash command that runs `command`, whole, inside session sid, starting at cwd."""
     words = " ".join(shlex.quote(w) for w in program())
     return (f"cd -- {shlex.quote(cwd)} && OVERLORD_HOME={shlex.quote(ops.home())} {words} "
-            f"exec --wait {sid} -- bash -c {shlex.quote(command)}")
+            f"exec --wait {shlex.quote(sid)} -- bash -c -- {shlex.quote(command)}")
 
 
 # -- the session --------------------------------------------------------------------------------
@@ -167,15 +169,20 @@ class Sessions:
         projects = data.get("projects") if isinstance(data, dict) else None
         return projects if isinstance(projects, dict) else {}
 
-    def _usable(self, entry):
-        """The remembered session's record while it can still take commands, else None."""
+    def _usable(self, entry, project):
+        """The remembered session's record while it can still take commands -- a hook's
+        session on this very project, as tight as this hook asks (jail, net) -- else None."""
         if not isinstance(entry, dict) or not isinstance(entry.get("sid"), str):
             return None
         meta = ops.session_record(entry["sid"])
         if (not meta or meta.get("state") not in ops.OPEN_STATES
-                or meta.get("target") != entry.get("target")
+                or meta.get("target") != project
                 or (meta.get("broker") or {}).get("face") != "hook"):
             return None
+        granted = meta.get("grants") or {}
+        if (not self.args.no_jail and granted.get("jail") is not True) or (
+                self.args.net != "host" and granted.get("net") != "none"):
+            return None                    # opened looser than this hook now asks
         return meta
 
     def sid(self, project):
@@ -183,7 +190,7 @@ class Sessions:
         looks again when the policy file changed since), else a new one, opened through the
         broker under a lock so that parallel tool calls share it."""
         entry = self._load().get(project)
-        meta = self._usable(entry)
+        meta = self._usable(entry, project)
         if meta is not None and entry.get("policy") == ops.policy_stamp():
             return _runnable(meta)
         import fcntl
@@ -193,7 +200,7 @@ class Sessions:
             fcntl.flock(fd, fcntl.LOCK_EX)
             projects = self._load()
             entry = projects.get(project)
-            meta = self._usable(entry)
+            meta = self._usable(entry, project)
             stamp = ops.policy_stamp()      # before the broker reads the file
             broker = ops.Broker(ops.Caller(face="hook", client=CLIENT))
             if meta is not None:
