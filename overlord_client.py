@@ -20,8 +20,10 @@ Conventions:
   by policy, 404 unknown session or op, 409 refused, 413 request too long, 429 over a cap of
   the daemon's, 500 internal) or one of the SDK's own: 503 no daemon / connection lost (`NO_DAEMON`), 504 no reply within the
   client's timeout (`NO_REPLY`), 502 the daemon sent something that is not the protocol
-  (`BAD_REPLY`); str(exc) is the daemon's one-line message. No socket or JSON exception
-  escapes the API. An exception raised by one of your own callbacks reaches you unchanged.
+  (`BAD_REPLY`: not JSON, nested past the parser, a line over 256 MiB); str(exc) is the
+  daemon's one-line message. A socket another user than you or root serves is 503 and is
+  sent nothing (SO_PEERCRED). No socket or JSON exception escapes the API. An exception
+  raised by one of your own callbacks reaches you unchanged.
 - The connection is made lazily, by the first call (or `connect()`), and remade by the next
   call after it was lost; a call in flight when it is lost fails with 503 (sessions live in the
   daemon's records, not in the connection: their sids stay valid).
@@ -45,6 +47,7 @@ import json
 import os
 import queue
 import socket as _socket
+import struct
 import threading
 
 __all__ = ["BAD_REPLY", "Client", "ExecResult", "LiveSession", "NO_DAEMON", "NO_REPLY",
@@ -54,6 +57,7 @@ NO_DAEMON = 503          # no daemon on the socket, or the connection to it was 
 BAD_REPLY = 502          # the daemon's side sent a line that is not the protocol
 NO_REPLY = 504           # no reply within the client's timeout
 MAX_LINE = 1 << 20       # the daemon's request cap (a request line, newline not counted)
+MAX_REPLY = 256 << 20    # the longest line taken from the daemon's side (past it: BAD_REPLY)
 IN_FLIGHT = 16           # the daemon's cap on requests in flight on one connection
 
 GRANTS = ("jail", "net", "timeout", "limits", "merge_base")   # what a session may be granted
@@ -116,6 +120,11 @@ class _Connection:
         try:
             with self.send_lock:
                 self.sock.sendall(data)
+        except BlockingIOError:               # SO_SNDTIMEO: the peer read nothing for that long
+            err = OverlordError(f"the daemon on {self.path} did not read the request within "
+                                "the client's timeout", NO_REPLY)
+            self.end(err)
+            raise err from None
         except OSError as exc:
             err = OverlordError(f"the connection to the daemon on {self.path} was lost "
                                 f"({_why(exc)})", NO_DAEMON)
@@ -126,12 +135,19 @@ class _Connection:
         err = OverlordError(f"the daemon on {self.path} closed the connection", NO_DAEMON)
         try:
             stream = self.sock.makefile("rb")
-            for line in stream:
+            while True:
+                line = stream.readline(MAX_REPLY + 1)
+                if not line:
+                    break
+                if len(line) > MAX_REPLY and not line.endswith(b"\n"):
+                    err = OverlordError(f"the daemon on {self.path} sent a line over "
+                                        f"{MAX_REPLY} bytes", BAD_REPLY)
+                    break
                 if not line.strip():
                     continue
                 try:
                     msg = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):     # deep nesting is a RecursionError
                     err = OverlordError(f"the daemon on {self.path} sent a line that is not "
                                         "JSON", BAD_REPLY)
                     break
@@ -190,11 +206,19 @@ def _connect(path, timeout):
             address = f"/proc/self/fd/{dirfd}/{os.path.basename(path)}"
         sock.connect(address)
         sock.settimeout(None)
+        _check_peer(sock, path)
+        if timeout is not None:               # a peer that never reads holds no send for ever
+            t = max(float(timeout), 0.001)
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO,
+                            struct.pack("ll", int(t), int(t % 1 * 1e6)))
         return sock
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
         sock.close()
         raise OverlordError(f"no daemon on {path}: start it with `overlord daemon`",
                             NO_DAEMON) from None
+    except OverlordError:
+        sock.close()
+        raise
     except OSError as exc:
         sock.close()
         raise OverlordError(f"cannot connect to the daemon on {path}: {_why(exc)}",
@@ -202,6 +226,16 @@ def _connect(path, timeout):
     finally:
         if dirfd is not None:
             os.close(dirfd)
+
+
+def _check_peer(sock, path):
+    """Only a daemon of this user's (or root's) is spoken to: whatever another user put on
+    the socket path gets nothing, not even the first request."""
+    _, uid, _ = struct.unpack("3i", sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED,
+                                                    struct.calcsize("3i")))
+    if uid not in (os.geteuid(), 0):
+        raise OverlordError(f"{path} is served by uid {uid}, not by you (uid {os.geteuid()}) "
+                            "or root: not your daemon, so nothing was sent to it", NO_DAEMON)
 
 
 def _why(exc):
@@ -271,8 +305,9 @@ class Client:
     """A connection to the daemon. `Client(socket=None, timeout=None, name=None)`:
 
     socket: the daemon's socket path (default: `default_socket()`); timeout: seconds a call
-    waits for the daemon's next message (an event or the reply) and for the connection, None
-    to wait as long as it takes (an agent may run for an hour); name: how this client names
+    waits for the daemon's next message (an event or the reply), for the connection and for
+    the daemon to take in a request, None to wait as long as it takes (an agent may run for
+    an hour); name: how this client names
     itself, sent as every request's "client" (the sessions it opens record it as
     `broker.client`; at most 200 characters are kept)."""
 
@@ -376,7 +411,8 @@ class Client:
         out = {"stdout": bytearray(), "stderr": bytearray()}
 
         def on_event(event):
-            if event.get("kind") != "output" or event.get("stream") not in out:
+            stream = event.get("stream")
+            if event.get("kind") != "output" or not isinstance(stream, str) or stream not in out:
                 return
             data = _chunk(event)
             out[event["stream"]] += data

@@ -445,7 +445,6 @@ def _outcome(fn):
         return exc
 
 
-@pytest.mark.xfail(strict=True, reason="the SDK's reader dies on RecursionError")
 def test_a_reply_nested_past_the_parser_is_502_not_a_dead_reader(peer):
     """json.loads raises RecursionError (not ValueError) on deep nesting: the SDK's reader
     thread died with a traceback on stderr and every call waited for ever (or its timeout)."""
@@ -461,7 +460,6 @@ def test_a_reply_nested_past_the_parser_is_502_not_a_dead_reader(peer):
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="an output event with an unhashable stream raises TypeError")
 def test_an_event_of_an_odd_shape_is_not_a_raw_exception(peer):
     def behave(conn):
         r = first_request(conn)
@@ -477,7 +475,6 @@ def test_an_event_of_an_odd_shape_is_not_a_raw_exception(peer):
         assert isinstance(got, (oc.ExecResult, oc.OverlordError)), repr(got)
 
 
-@pytest.mark.xfail(strict=True, reason="sendall blocks past the client's timeout")
 def test_a_peer_that_never_reads_cannot_hold_a_call_past_its_timeout(peer):
     p = peer(idle)
     client = oc.Client(p.path, timeout=2)
@@ -488,7 +485,6 @@ def test_a_peer_that_never_reads_cannot_hold_a_call_past_its_timeout(peer):
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="the SDK reads a reply line of any length")
 def test_a_reply_line_without_end_is_refused_past_the_cap(peer, monkeypatch):
     monkeypatch.setattr(oc, "MAX_REPLY", 1 << 20, raising=False)
 
@@ -526,7 +522,6 @@ def shared():
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.xfail(strict=True, reason="the SDK does not check who serves the socket")
 @needs_root
 def test_the_sdk_will_not_talk_to_a_socket_another_user_serves(shared):
     """Anything another user manages to put on the socket path (a folder they can write, a
