@@ -34,6 +34,7 @@ PATH = "/mcp"
 BODY_MAX = 32 << 20
 SESSIONS_MAX = 64
 WATCH = 0.1                  # seconds between looks at a connection while its call runs
+IDLE = 60                    # seconds a connection may be silent before it is let go
 STATUS = {J.PARSE_ERROR: 400, J.INVALID_REQUEST: 400, J.INVALID_PARAMS: 400,
           J.HEADER_MISMATCH: 400, J.UNSUPPORTED_PROTOCOL_VERSION: 400, J.METHOD_NOT_FOUND: 404}
 CANCELLED = -32000           # implementation-defined: the request was cancelled
@@ -75,6 +76,9 @@ class Server(http.server.ThreadingHTTPServer):
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "overlord-mcp"
+    # seconds a connection may be silent (idle between requests, or mid-request): any local
+    # user can connect before a single check runs, and each connection holds a thread
+    timeout = IDLE
 
     def log_message(self, format, *args):        # no access log: stderr is the operator's
         pass
@@ -243,7 +247,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _body(self):
         length = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding") or length is None or not length.isdigit():
+        if self.headers.get("Transfer-Encoding") or length is None or not (
+                length.isascii() and length.isdigit()):
             self._refuse(411, J.INVALID_REQUEST, "a POST needs a Content-Length")
             self.close_connection = True
             return None
