@@ -36,7 +36,8 @@ _spec.loader.exec_module(_dconf)
 daemon = _dconf.daemon          # the fixture
 
 sys.path.insert(0, os.path.join(REPO, "test", "daemon"))
-from test_hook import STATE, admit, decision, flags, hook, payload, run_rewritten  # noqa: E402
+from test_hook import STATE, admit, decision, hook, payload, run_rewritten  # noqa: E402
+from test_sdk import fake, send  # noqa: E402,F401 - fake is a fixture
 
 NOBODY = 65534
 LONE = "ev\ud800il"          # a lone surrogate: JSON can say it, UTF-8 cannot carry it
@@ -365,66 +366,7 @@ def test_a_state_file_planted_as_a_symlink_is_replaced_not_written_through(ovl, 
 
 
 # == the SDK =====================================================================================
-
-class Peer:
-    """Anything listening on the socket path: behave(conn) serves each connection."""
-
-    def __init__(self, path, behave):
-        self.path = str(path)
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(self.path)
-        self.sock.listen(8)
-        self.behave = behave
-        self.conns = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn):
-        try:
-            self.behave(conn)
-        except OSError:
-            pass
-
-    def close(self):
-        self.sock.close()
-        for c in self.conns:
-            c.close()
-
-
-@pytest.fixture
-def peer(tmp_path):
-    made = []
-
-    def make(behave):
-        p = Peer(tmp_path / f"peer{len(made)}.sock", behave)
-        made.append(p)
-        return p
-    yield make
-    for p in made:
-        p.close()
-
-
-def first_request(conn):
-    data = b""
-    while b"\n" not in data:
-        chunk = conn.recv(1 << 16)
-        if not chunk:
-            raise OSError("gone")
-        data += chunk
-    return json.loads(data.split(b"\n", 1)[0])
-
-
-def idle(conn):
-    threading.Event().wait(120)
-
+# against test_sdk.py's fake daemon: fake(behave) answers each request line with behave(f, r)
 
 def calling(fn, limit=60):
     """fn() in a thread: (the exception it raised or its result, seconds); fails if it is
@@ -445,88 +387,80 @@ def _outcome(fn):
         return exc
 
 
-def test_a_reply_nested_past_the_parser_is_502_not_a_dead_reader(peer):
+def test_a_reply_nested_past_the_parser_is_502_not_a_dead_reader(fake):
     """json.loads raises RecursionError (not ValueError) on deep nesting: the SDK's reader
     thread died with a traceback on stderr and every call waited for ever (or its timeout)."""
-    def behave(conn):
-        first_request(conn)
-        conn.sendall(b"[" * 200000 + b"\n")
-        idle(conn)
-    p = peer(behave)
-    client = oc.Client(p.path, timeout=30)
+    d = fake(lambda f, r: send(f, b"[" * 200000 + b"\n"))
+    client = oc.Client(d.path, timeout=30)
     got, took = calling(client.ping)
     assert isinstance(got, oc.OverlordError) and got.code == oc.BAD_REPLY, repr(got)
     assert took < 20
     client.close()
 
 
-def test_an_event_of_an_odd_shape_is_not_a_raw_exception(peer):
-    def behave(conn):
-        r = first_request(conn)
+def test_an_event_of_an_odd_shape_is_not_a_raw_exception(fake):
+    def behave(f, r):
         for event in ({"kind": "output", "stream": ["stdout"], "text": "x"},
                       {"kind": "output", "stream": {"a": 1}, "b64": "eA=="},
                       {"kind": ["output"]}, "not an object"):
-            conn.sendall(json.dumps({"id": r["id"], "event": event}).encode() + b"\n")
-        conn.sendall(json.dumps({"id": r["id"], "ok": True, "exit_code": 0}).encode() + b"\n")
-        idle(conn)
-    p = peer(behave)
-    with oc.Client(p.path, timeout=30) as client:
+            send(f, {"id": r["id"], "event": event})
+        send(f, {"id": r["id"], "ok": True, "exit_code": 0})
+    d = fake(behave)
+    with oc.Client(d.path, timeout=30) as client:
         got, _ = calling(lambda: client.exec("20260101-000000-abcdef", ["true"]))
         assert isinstance(got, (oc.ExecResult, oc.OverlordError)), repr(got)
 
 
-def test_a_peer_that_never_reads_cannot_hold_a_call_past_its_timeout(peer):
-    p = peer(idle)
-    client = oc.Client(p.path, timeout=2)
-    got, took = calling(lambda: client.exec("20260101-000000-abcdef", ["cat"],
-                                            stdin="x" * (900 << 10)))
-    assert isinstance(got, oc.OverlordError) and got.code in (oc.NO_DAEMON, oc.NO_REPLY), repr(got)
-    assert took < 30
-    client.close()
+def test_a_peer_that_never_reads_cannot_hold_a_call_past_its_timeout(tmp_path):
+    path = str(tmp_path / "deaf.sock")
+    deaf = socket.socket(socket.AF_UNIX)            # listens, never accepts, never reads
+    deaf.bind(path)
+    deaf.listen(1)
+    client = oc.Client(path, timeout=2)
+    try:
+        got, took = calling(lambda: client.exec("20260101-000000-abcdef", ["cat"],
+                                                stdin="x" * (900 << 10)))
+        assert isinstance(got, oc.OverlordError) and got.code in (oc.NO_DAEMON, oc.NO_REPLY), \
+            repr(got)
+        assert took < 30
+    finally:
+        client.close()
+        deaf.close()
 
 
-def test_a_reply_line_without_end_is_refused_past_the_cap(peer, monkeypatch):
+def test_a_reply_line_without_end_is_refused_past_the_cap(fake, monkeypatch):
     monkeypatch.setattr(oc, "MAX_REPLY", 1 << 20, raising=False)
-
-    def behave(conn):
-        first_request(conn)
-        conn.sendall(b'{"id": 1, "ok": true, "pad": "' + b"y" * (3 << 20))
-        idle(conn)
-    p = peer(behave)
-    client = oc.Client(p.path)                       # no timeout at all
+    def behave(f, r):
+        try:
+            send(f, b'{"id": 1, "ok": true, "pad": "' + b"y" * (3 << 20))
+        except OSError:
+            pass                                     # the client stopped reading, as it should
+    d = fake(behave)
+    client = oc.Client(d.path)                       # no timeout at all
     got, _ = calling(client.ping, limit=60)
     assert isinstance(got, oc.OverlordError) and got.code == oc.BAD_REPLY, repr(got)
     client.close()
 
 
-def test_garbage_bytes_and_stray_ids_from_the_peer_are_overlord_errors(peer):
-    def behave(conn):
-        r = first_request(conn)
+def test_garbage_bytes_and_stray_ids_from_the_peer_are_overlord_errors(fake):
+    def behave(f, r):
         for rid in ("1", 1.0, [1], {"id": 1}, None, r["id"] + 1000):
-            conn.sendall(json.dumps({"id": rid, "ok": True, "stray": True}).encode() + b"\n")
-        conn.sendall(b"\xff\xfe not utf-8\n")
-        idle(conn)
-    p = peer(behave)
-    client = oc.Client(p.path, timeout=30)
+            send(f, {"id": rid, "ok": True, "stray": True})
+        send(f, b"\xff\xfe not utf-8\n")
+    d = fake(behave)
+    client = oc.Client(d.path, timeout=30)
     got, _ = calling(client.ping)
     assert isinstance(got, oc.OverlordError) and got.code == oc.BAD_REPLY, repr(got)
     client.close()
 
 
-@pytest.fixture
-def shared():
-    """A sticky world-writable folder every user can reach (as /tmp is)."""
-    path = tempfile.mkdtemp(prefix="overlord-rt-", dir="/tmp")
-    os.chmod(path, 0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @needs_root
-def test_the_sdk_will_not_talk_to_a_socket_another_user_serves(shared):
+def test_the_sdk_will_not_talk_to_a_socket_another_user_serves():
     """Anything another user manages to put on the socket path (a folder they can write, a
     daemon that is not running) got every request -- commands, stdin -- and was believed."""
-    path = os.path.join(shared, "overlordd.sock")
+    where = tempfile.mkdtemp(prefix="overlord-rt-", dir="/tmp")    # reachable by every user
+    os.chmod(where, 0o1777)                                        # and sticky, as /tmp
+    path = os.path.join(where, "overlordd.sock")
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                                     # the impostor, as uid 65534
@@ -563,4 +497,5 @@ def test_the_sdk_will_not_talk_to_a_socket_another_user_serves(shared):
         os.waitpid(pid, 0)
         leaked = os.read(r, 1 << 16) if select.select([r], [], [], 0)[0] else b""
         os.close(r)
+        shutil.rmtree(where, ignore_errors=True)
     assert b"stdin of a command" not in leaked
