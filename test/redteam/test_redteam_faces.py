@@ -390,7 +390,7 @@ def _outcome(fn):
 def test_a_reply_nested_past_the_parser_is_502_not_a_dead_reader(fake):
     """json.loads raises RecursionError (not ValueError) on deep nesting: the SDK's reader
     thread died with a traceback on stderr and every call waited for ever (or its timeout)."""
-    d = fake(lambda f, r: send(f, b"[" * 200000 + b"\n"))
+    d = fake(lambda f, r: send(f, b"[" * 200000 + b"\n") or "hang up")
     client = oc.Client(d.path, timeout=30)
     got, took = calling(client.ping)
     assert isinstance(got, oc.OverlordError) and got.code == oc.BAD_REPLY, repr(got)
@@ -405,6 +405,7 @@ def test_an_event_of_an_odd_shape_is_not_a_raw_exception(fake):
                       {"kind": ["output"]}, "not an object"):
             send(f, {"id": r["id"], "event": event})
         send(f, {"id": r["id"], "ok": True, "exit_code": 0})
+        return "hang up"
     d = fake(behave)
     with oc.Client(d.path, timeout=30) as client:
         got, _ = calling(lambda: client.exec("20260101-000000-abcdef", ["true"]))
@@ -435,6 +436,7 @@ def test_a_reply_line_without_end_is_refused_past_the_cap(fake, monkeypatch):
             send(f, b'{"id": 1, "ok": true, "pad": "' + b"y" * (3 << 20))
         except OSError:
             pass                                     # the client stopped reading, as it should
+        return "hang up"
     d = fake(behave)
     client = oc.Client(d.path)                       # no timeout at all
     got, _ = calling(client.ping, limit=60)
@@ -447,6 +449,7 @@ def test_garbage_bytes_and_stray_ids_from_the_peer_are_overlord_errors(fake):
         for rid in ("1", 1.0, [1], {"id": 1}, None, r["id"] + 1000):
             send(f, {"id": rid, "ok": True, "stray": True})
         send(f, b"\xff\xfe not utf-8\n")
+        return "hang up"
     d = fake(behave)
     client = oc.Client(d.path, timeout=30)
     got, _ = calling(client.ping)
