@@ -91,8 +91,9 @@ def _socket_path(path):
     if not os.path.isdir(os.path.dirname(path)):
         raise OverlordError(f"cannot listen on {escape_path(path)}: its directory does not exist")
     st = os.stat(os.path.dirname(path))
-    if st.st_uid not in (os.geteuid(), 0) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-        # whoever else may write there can rename a socket of their own over ours
+    shared = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid())
+    if st.st_uid not in (os.geteuid(), 0) or (shared and not st.st_mode & stat.S_ISVTX):
+        # whoever else may write there (your own group aside) can rename a socket over ours
         raise OverlordError(f"will not listen in {escape_path(os.path.dirname(path))}: others "
                             f"than you can write in it (owner uid {st.st_uid}, mode "
                             f"{stat.S_IMODE(st.st_mode):04o}) and so replace the socket; use a "

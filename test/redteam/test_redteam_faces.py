@@ -115,7 +115,7 @@ def start_daemon(home, path, timeout=60):
     return "served", log.decode()
 
 
-@pytest.mark.parametrize("mode", [0o777, 0o770, 0o703])
+@pytest.mark.parametrize("mode", [0o777, 0o703, 0o772])
 def test_the_daemon_will_not_listen_in_a_folder_others_may_write(home, tmp_path, mode):
     """In a folder others may write (and that is not sticky) another user can rename their own
     socket over the daemon's: every client then talks to them."""
@@ -130,7 +130,7 @@ def test_the_daemon_will_not_listen_in_a_folder_others_may_write(home, tmp_path,
 
 
 def test_a_sticky_or_private_folder_is_fine(home, tmp_path):
-    for mode in (0o1777, 0o700):
+    for mode in (0o1777, 0o700, 0o775):          # 0775: its group is the user's own
         where = tmp_path / f"dir-{mode:o}"
         where.mkdir()
         os.chmod(where, mode)
@@ -139,11 +139,17 @@ def test_a_sticky_or_private_folder_is_fine(home, tmp_path):
 
 
 @needs_root
-def test_the_daemon_will_not_listen_in_a_folder_another_user_owns(home, tmp_path):
+def test_the_daemon_will_not_listen_in_a_folder_another_user_or_group_may_write(home, tmp_path):
     where = tmp_path / "theirs"
     where.mkdir()
     os.chown(where, NOBODY, NOBODY)
     status, err = start_daemon(home, where / "d.sock")
+    assert status == 1 and "writ" in err, err
+    group = tmp_path / "group"
+    group.mkdir()
+    os.chown(group, -1, NOBODY)                  # a group the daemon's user is not
+    os.chmod(group, 0o770)
+    status, err = start_daemon(home, group / "d.sock")
     assert status == 1 and "writ" in err, err
 
 
