@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import REPO, Ovl, tree
+from conftest import REPO, Ovl, require_backend, tree
 from overlord import ops
 
 import overlord_client as oc
@@ -255,12 +255,15 @@ def test_a_state_file_naming_another_folders_session_is_not_used(ovl, home, targ
     assert ovl.diff(theirs) == []
 
 
-def test_a_remembered_session_looser_than_the_hook_now_asks_is_not_used(ovl, home, target,
-                                                                        backend, tmp_path):
+def test_a_remembered_session_looser_than_the_hook_now_asks_is_not_used(home, target, tmp_path,
+                                                                        monkeypatch):
     """A person who drops --no-jail from the hook's command expects the jail: the session the
-    unjailed hook opened kept being used, unjailed, until someone committed it."""
-    if backend != "kernel":
-        pytest.skip("the jail is the kernel backend's")
+    unjailed hook opened kept being used, unjailed, until someone committed it. (The jail is
+    the kernel backend's: this runs there only.)"""
+    require_backend("kernel")
+    backend = "kernel"
+    monkeypatch.setenv("OVERLORD_TEST_BACKEND", backend)
+    ovl = Ovl(home, backend)
     admit(home, target, backend)
     loose = ovl("hook", "claude-code", "--no-jail", "--net", "host",
                 input=json.dumps(payload("Bash", {"command": "true"}, target)).encode(),
