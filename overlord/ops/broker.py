@@ -95,13 +95,19 @@ class Broker:
             raise Denied(str(exc)) from None
         return target, held, rule
 
-    def _session(self, sid, runs=False, timeout=None):
-        """The session sid, once policy covers its folder -- and, for an act that runs
-        something under its grants (runs; timeout: that command's own), once today's policy
-        still gives them and nothing a broker never grants loosens them (a person's
-        `--trace strace` lets the session's commands ptrace)."""
+    def _session(self, sid, runs=False, timeout=None, changes=False):
+        """The session sid, once policy covers its folder -- for an act that changes it
+        (changes, or runs), once a harness opened it: a person's own session is theirs to
+        change, a harness may only look at it -- and, for an act that runs something under its
+        grants (runs; timeout: that command's own), once today's policy still gives them and
+        nothing a broker never grants loosens them (a person's `--trace strace` lets the
+        session's commands ptrace)."""
         session = get_session(_sid(sid))
         self._rule(session.target)
+        if (changes or runs) and not session.meta.get("broker"):
+            raise Denied(f"session {session.sid} was opened by a person, not through a harness "
+                         "(daemon, MCP server, hook): a brokered caller may look at it, not "
+                         "change it")
         if runs and session.meta.get("trace") == "strace":
             raise Denied(f"session {session.sid} is traced (trace: strace), which lets its commands "
                          "use ptrace; trace is for a person at the terminal, not a brokered caller")
@@ -227,7 +233,7 @@ class Broker:
     # -- changing a session ----------------------------------------------------------------------
 
     def rewind(self, sid, to):
-        return history.rewind(self._session(sid).sid, _int(to, "to"))
+        return history.rewind(self._session(sid, changes=True).sid, _int(to, "to"))
 
     def fork(self, sid, at):
         new = history.fork(self._session(sid, runs=True).sid, _int(at, "at"))
@@ -237,7 +243,7 @@ class Broker:
         return new
 
     def rollback(self, sid):
-        return decide.rollback(self._session(sid).sid)
+        return decide.rollback(self._session(sid, changes=True).sid)
 
     def revert(self, sid, stack=False, backend=None, grants=None):
         """ops.revert, its new session opened as open() opens one: the broker's unasked
@@ -249,7 +255,7 @@ class Broker:
 
     def commit(self, sid, force=False, merge=False, only=(), drop=(), countersigned=False):
         """ops.commit, held to policy: allow_force and require_review apply as for anyone."""
-        session = self._session(sid)
+        session = self._session(sid, changes=True)
         return decide.commit(session.sid, force=_flag(force, "force"), merge=_flag(merge, "merge"),
                              only=_sels(only), drop=_sels(drop),
                              countersigned=_flag(countersigned, "countersigned"))
@@ -263,11 +269,11 @@ class Broker:
                 raise Denied(f"{key} chooses where the reviewer's verdict comes from, and that "
                              "verdict countersigns commits: the reviewer is a person's choice "
                              "(`overlord review`), not a brokered caller's")
-        return countersign.review(self._session(sid).sid, **kw)
+        return countersign.review(self._session(sid, changes=True).sid, **kw)
 
     def request_review(self, sid):
         """Mark the session as waiting for a person; the audit act session.needs_review."""
-        session = self._session(sid)
+        session = self._session(sid, changes=True)
         with locks.TargetLock(session.target, wait=True):    # after any command running in it
             session = get_session(session.sid)
             if session.meta["state"] not in store.OPEN_STATES:

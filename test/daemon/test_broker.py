@@ -247,3 +247,23 @@ def test_a_tool_call_is_attributed_to_the_client(env):
         broker().tool(sid, "shell", {"command": "id"})
     with pytest.raises(UsageError):
         broker().tool(sid, "read_file", {"path": 3})
+
+
+def test_a_persons_session_is_theirs_to_change_a_harness_may_only_look(env):
+    """A harness that learns the id of a person's pending session (a "still pending" refusal
+    names it) may read it, never run in, rewind, roll back, review or commit it."""
+    home, target, _ = env
+    set_policy(home, {"targets": {str(target): {}}})
+    sid = person_session(target)
+    assert [c.path for c in broker().diff(sid)] == ["person.txt"]
+    assert broker().savepoints(sid) and broker().log(sid)
+    before = untouched(home, target)
+    for act in (lambda: broker().exec(sid, ["sh", "-c", "echo x > x.txt"]),
+                lambda: broker().tool(sid, "write_file", {"path": "x.txt", "content": "x"}),
+                lambda: broker().rewind(sid, 0), lambda: broker().rollback(sid),
+                lambda: broker().fork(sid, 0), lambda: broker().commit(sid),
+                lambda: broker().request_review(sid), lambda: broker().resume(sid, "go on")):
+        with pytest.raises(Denied, match="opened by a person"):
+            act()
+    assert untouched(home, target) == before
+    assert ops.get_session(sid).meta["state"] == "pending"
