@@ -447,28 +447,11 @@ def json_line(data):
     return json.dumps(jsonable(data), sort_keys=True)
 
 
-def change_json(ch):
-    """One change as every --json carries it: path (+ path_b64), kind, layer, details."""
-    return {"path": ch.path, "kind": ch.kind, "layer": ch.layer,
-            "details": dict(getattr(ch, "details", None) or {})}
-
-
-def counts_json(changes):
-    counts = {k: 0 for k in ops.KINDS}
-    for ch in changes:
-        counts[ch.kind] = counts.get(ch.kind, 0) + 1
-    return counts
-
-
 def session_json(sid, state, changes, **fields):
-    """What run, shell, exec, agent, resume, fork and revert print with --json: the session,
-    its state, what ended the command, and the change summary (the session's whole plan:
-    what commit would do). Keys that do not apply to a command are null."""
-    out = {"sid": sid, "state": state, "exit_code": None, "timed_out": False, "layer": None,
-           "changes": [change_json(ch) for ch in changes], "counts": counts_json(changes),
-           "notes": [], "syscalls": None}
-    out.update(fields)
-    return out
+    """What run, shell, exec, agent, resume, fork and revert print with --json
+    (overlord.ops.shapes, imported here so that `--help` does not)."""
+    from overlord.ops.shapes import session_json
+    return session_json(sid, state, changes, **fields)
 
 
 def print_session_json(sid, state, changes, at_line_start=None, **fields):
@@ -499,10 +482,8 @@ def cmd_shell(args):
 def cmd_sessions(args):
     metas = ops.sessions()
     if args.json:
-        dump_json([{k: m.get(k) for k in ("sid", "state", "target", "backend", "command",
-                                          "created", "exit_code", "grants")} |
-                   {"layers": len(m.get("layers", [])),
-                    "forked_from": _fork_json(m.get("forked_from"))} for m in metas])
+        from overlord.ops.shapes import session_row
+        dump_json([session_row(m) for m in metas])
         return 0
     rows = [(m["sid"], m.get("state", "?"), m.get("backend", "?"), R.escape_path(m.get("target", "")),
              R.session_cause(m)) for m in metas]
@@ -521,6 +502,7 @@ def cmd_diff(args):
     changes = ops.diff(args.sid)
     texts = ops.unified(args.sid, changes) if args.patch else None
     if args.json:
+        from overlord.ops.shapes import change_json
         rows = [change_json(ch) for ch in changes]
         for row, text in zip(rows, texts or ()):
             row["patch"] = text
@@ -532,11 +514,6 @@ def cmd_diff(args):
     for ch in changes:
         print(f"{ch.kind}  {R.escape_path(ch.path)}{_words(ch)}")
     return 0
-
-
-def _record_json(r):
-    return {"path": r.path, "kind": r.kind, "before": r.before, "after": r.after,
-            "layer": r.layer, "caused_by": r.caused_by, "details": dict(r.details or {})}
 
 
 def _log_line(r):
@@ -551,8 +528,9 @@ def cmd_log(args):
     kept = [r for r in records if not r.dropped]
     dropped = [r for r in records if r.dropped]
     if args.json:
-        data = {"sid": args.sid, "syscalls": count, "changes": [_record_json(r) for r in kept],
-                "dropped": [_record_json(r) for r in dropped]}
+        from overlord.ops.shapes import record_json
+        data = {"sid": args.sid, "syscalls": count, "changes": [record_json(r) for r in kept],
+                "dropped": [record_json(r) for r in dropped]}
         if args.syscalls:
             data["syscall_records"] = calls
         dump_json(data)
@@ -637,13 +615,11 @@ def _savepoint_number(value, flag):
         raise UsageError(f"{flag} takes a savepoint number, not {value!r}") from None
 
 
-SAVEPOINT_KEYS = {"n": "layer", "cause": "caused_by"}     # one name per concept (docs/JSON.md)
-
-
 def cmd_savepoints(args):
     points = ops.savepoints(args.sid)
     if args.json:
-        dump_json([{SAVEPOINT_KEYS.get(k, k): v for k, v in p.items()} for p in points])
+        from overlord.ops.shapes import savepoint_json
+        dump_json([savepoint_json(p) for p in points])
         return 0
     for p in points:
         n = p["paths"]
@@ -664,30 +640,22 @@ def cmd_rewind(args):
     return 0
 
 
-def _fork_json(forked_from):
-    if not forked_from:
-        return None
-    return {"sid": forked_from.get("sid"), "layer": forked_from.get("at")}
-
-
 def cmd_fork(args):
     at = _savepoint_number(args.at, "--at")
     new = ops.fork(args.sid, at)
     if args.json:
         print(json_line(session_json(new, ops.get_session(new).meta["state"], ops.diff(new),
-                                     layer=at, forked_from=_fork_json({"sid": args.sid, "at": at}))))
+                                     layer=at, forked_from={"sid": args.sid, "layer": at})))
         return 0
     print(f"session {new}")
     return 0
 
 
-COMPARE_STATUS = {"only in A": "only-in-a", "only in B": "only-in-b"}   # no spaces in enums
-
-
 def cmd_compare(args):
     rows = ops.compare(args.a, args.b)
     if args.json:
-        dump_json([{"path": p, "status": COMPARE_STATUS.get(status, status)} for p, status in rows])
+        from overlord.ops.shapes import compare_json
+        dump_json(compare_json(rows))
         return 0
     for p, status in rows:
         print(f"{status}  {R.escape_path(p)}")

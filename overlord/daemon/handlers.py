@@ -14,6 +14,8 @@ import re
 from overlord import __version__, ops
 from overlord.errors import NotFound, UsageError
 from overlord.ops import launcher
+from overlord.ops.shapes import (change_json, compare_json, counts_json, record_json,
+                                 savepoint_json, session_json, session_row)
 from overlord.text import escape_text
 
 SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
@@ -132,32 +134,7 @@ def _take(args, *names):
     return {n: args[n] for n in names if n in args}
 
 
-# -- rendering: the CLI's --json shapes -----------------------------------------------------------
-
-def change_json(ch):
-    return {"path": ch.path, "kind": ch.kind, "layer": ch.layer,
-            "details": dict(getattr(ch, "details", None) or {})}
-
-
-def record_json(r):
-    return {"path": r.path, "kind": r.kind, "before": r.before, "after": r.after,
-            "layer": r.layer, "caused_by": r.caused_by, "details": dict(r.details or {})}
-
-
-def counts_json(changes):
-    counts = {k: 0 for k in ops.KINDS}
-    for ch in changes:
-        counts[ch.kind] = counts.get(ch.kind, 0) + 1
-    return counts
-
-
-def session_json(sid, state, changes, **fields):
-    out = {"sid": sid, "state": state, "exit_code": None, "timed_out": False, "layer": None,
-           "changes": [change_json(ch) for ch in changes], "counts": counts_json(changes),
-           "notes": [], "syscalls": None}
-    out.update(fields)
-    return out
-
+# -- rendering: the CLI's --json shapes (overlord.ops.shapes) -------------------------------------
 
 def run_json(r):
     return session_json(r.sid, r.state, r.changes, exit_code=r.exit_code, timed_out=r.timed_out,
@@ -287,26 +264,13 @@ def _log(ctx, args):
 
 @op("sessions")
 def _sessions(ctx, args):
-    return {"sessions": [
-        {k: m.get(k) for k in ("sid", "state", "target", "backend", "command", "created",
-                               "exit_code", "grants")}
-        | {"layers": len(m.get("layers", [])), "forked_from": _fork_json(m.get("forked_from")),
-           "broker": m.get("broker")}
-        for m in ctx.broker.sessions()]}
-
-
-def _fork_json(forked_from):
-    if not forked_from:
-        return None
-    return {"sid": forked_from.get("sid"), "layer": forked_from.get("at")}
-
-
-SAVEPOINT_KEYS = {"n": "layer", "cause": "caused_by"}
+    return {"sessions": [session_row(m) | {"broker": m.get("broker")}
+                         for m in ctx.broker.sessions()]}
 
 
 @op("savepoints", sid=(sid, REQ))
 def _savepoints(ctx, args):
-    return {"sid": args["sid"], "savepoints": [{SAVEPOINT_KEYS.get(k, k): v for k, v in p.items()}
+    return {"sid": args["sid"], "savepoints": [savepoint_json(p)
                                                for p in ctx.broker.savepoints(args["sid"])]}
 
 
@@ -323,14 +287,10 @@ def _fork(ctx, args):
                         forked_from={"sid": args["sid"], "layer": args["at"]})
 
 
-COMPARE_STATUS = {"only in A": "only-in-a", "only in B": "only-in-b"}
-
-
 @op("compare", a=(sid, REQ), b=(sid, REQ))
 def _compare(ctx, args):
     rows = ctx.broker.compare(args["a"], args["b"])
-    return {"a": args["a"], "b": args["b"],
-            "rows": [{"path": p, "status": COMPARE_STATUS.get(s, s)} for p, s in rows]}
+    return {"a": args["a"], "b": args["b"], "rows": compare_json(rows)}
 
 
 @op("blame", path=(string, REQ))

@@ -12,6 +12,7 @@ import sys
 
 from overlord import ops
 from overlord.errors import OverlordError
+from overlord.ops.shapes import change_json, savepoint_json
 from overlord.text import cause_text, escape_path, jsonable
 
 SHELL = "bash" if shutil.which("bash") else "sh"
@@ -172,18 +173,16 @@ class Table:
         changes = b.diff(sid)
         lines = [f"{ch.kind}  {escape_path(ch.path)}" + (f"  ({w})" if (w := ops.describe(ch)) else "")
                  for ch in changes]
-        rows = [{"path": ch.path, "kind": ch.kind, "layer": ch.layer,
-                 "details": dict(getattr(ch, "details", None) or {})} for ch in changes]
-        return done("\n".join(lines) or "no changes", {"session": sid, "changes": rows})
+        return done("\n".join(lines) or "no changes",
+                    {"session": sid, "changes": [change_json(ch) for ch in changes]})
 
     def _savepoints(self, b, name, args, call, cancel):
         sid = args["session"]
         points = b.savepoints(sid)
         lines = [f"@{p['n']}  {p['paths']} path{'' if p['paths'] == 1 else 's'}  "
                  f"{escape_path(cause_text(p['cause']))}" for p in points]
-        rows = [{{"n": "layer", "cause": "caused_by"}.get(k, k): v for k, v in p.items()}
-                for p in points]
-        return done("\n".join(lines) or "no savepoints yet", {"session": sid, "savepoints": rows})
+        return done("\n".join(lines) or "no savepoints yet",
+                    {"session": sid, "savepoints": [savepoint_json(p) for p in points]})
 
     def _rewind(self, b, name, args, call, cancel):
         sid, to = args["session"], args["to"]
