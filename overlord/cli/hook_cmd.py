@@ -162,9 +162,7 @@ class Sessions:
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
-        except FileNotFoundError:
-            return {}
-        except ValueError:                 # damaged: forgotten, rewritten on the next open
+        except (FileNotFoundError, ValueError):   # none yet, or damaged: rewritten on the next open
             return {}
         projects = data.get("projects") if isinstance(data, dict) else None
         return projects if isinstance(projects, dict) else {}

@@ -576,7 +576,5 @@ class Context:
         """This request now runs in session sid (`close` cancels it; `agent_cancel` too, for
         an agent)."""
         self.req.sids.add(sid)
-        if self.req.cancel.is_set():
-            return
         if not self.conn.alive:
             self.req.cancel.set()

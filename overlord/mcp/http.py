@@ -107,7 +107,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         version = headers.get("mcp-protocol-version")
         params = msg.params if isinstance(msg.params, dict) else {}
-        enveloped = isinstance(params.get("_meta"), dict) and protocol.VERSION_KEY in params["_meta"]
+        enveloped = protocol.is_enveloped(params)
         if version is not None and version not in protocol.HANDSHAKE_VERSIONS or \
                 (version is None and enveloped and msg.method != "initialize"):
             conversation = protocol.Conversation(self.server.tools, era="stateless")

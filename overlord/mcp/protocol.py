@@ -31,6 +31,7 @@ CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
 CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}  # -> Mcp-Name
+UNCACHED = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}   # 2026-07-28 results
 
 SERVER_INFO = {"name": "overlord", "title": "OVERLORD", "version": __version__}
 CAPABILITIES = {"tools": {}}
@@ -104,8 +105,7 @@ class Conversation:
         if not isinstance(params, dict):
             raise RpcError(J.INVALID_PARAMS, "Invalid params: params must be an object")
         method = msg.method
-        meta = params.get("_meta")
-        enveloped = isinstance(meta, dict) and VERSION_KEY in meta
+        enveloped = is_enveloped(params)
         if method != "initialize" and (self.era == "stateless" or (
                 self.era is None and (enveloped or method == "server/discover"))):
             return self._stateless(msg, method, params, headers)
@@ -165,8 +165,7 @@ class Conversation:
         if method == "server/discover":
             return J.result(msg.id, _stamped({
                 "supportedVersions": list(STATELESS_VERSIONS), "capabilities": CAPABILITIES,
-                "instructions": INSTRUCTIONS, "resultType": "complete", "ttlMs": 0,
-                "cacheScope": "private"})), None
+                "instructions": INSTRUCTIONS, **UNCACHED})), None
         if method not in ("tools/list", "tools/call"):
             raise RpcError(J.METHOD_NOT_FOUND, f"Method not found: {method}", method)
         return self._serve(msg, method, params, client, STATELESS_VERSIONS[0])
@@ -181,8 +180,7 @@ class Conversation:
                                "is one page)")
             listed = {"tools": self.tools.listing()}
             if stateless:
-                listed = _stamped(dict(listed, resultType="complete", ttlMs=0,
-                                       cacheScope="private"))
+                listed = _stamped(dict(listed, **UNCACHED))
             return J.result(msg.id, listed), None
         name, args = params.get("name"), params.get("arguments")
         if not isinstance(name, str):
@@ -214,6 +212,12 @@ class Conversation:
                 outcome = _stamped(dict(outcome, resultType="complete"))
             return J.result(msg.id, outcome)
         return None, work
+
+
+def is_enveloped(params):
+    """Whether a request's params carry the 2026-07-28 envelope (its protocol version)."""
+    meta = params.get("_meta")
+    return isinstance(meta, dict) and VERSION_KEY in meta
 
 
 def envelope(raw, params, headers):
@@ -248,8 +252,7 @@ def envelope(raw, params, headers):
     if not isinstance(meta[CAPABILITIES_KEY], dict):
         raise RpcError(J.INVALID_PARAMS, "Invalid params: the client capabilities must be an "
                        "object")
-    info = meta.get(CLIENT_INFO_KEY)
-    return _name(info) if isinstance(info, dict) else None
+    return _name(meta.get(CLIENT_INFO_KEY))
 
 
 def _header_value(value):

@@ -289,18 +289,15 @@ class Broker:
     # -- the agent -----------------------------------------------------------------------------
 
     def agent(self, task, target=None, **kw):
-        import importlib
-        _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
-        from overlord.ops.agent import UNASKED
+        _agent = _agent_ops()
         _no_person_flags(kw)
         _no_key_elsewhere(kw)
         target, _, _ = self._admit(target, {k: kw.get(k) for k in ("jail", "net", "timeout", "limits")},
-                                   UNASKED)
+                                   _agent.UNASKED)
         return _agent.agent(task, target, broker=self.caller.record(), **kw)
 
     def resume(self, sid, note=None, **kw):
-        import importlib
-        _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
+        _agent = _agent_ops()
         _no_person_flags(kw)
         session = self._session(sid, runs=True)
         if session.meta.get("broker"):     # a harness chose this endpoint: a key stored since stays home
@@ -309,10 +306,14 @@ class Broker:
         return _agent.resume(session.sid, note, **kw)
 
     def models(self, **kw):
-        import importlib
-        _agent = importlib.import_module("overlord.ops.agent")   # ops.agent is the operation
         _no_key_elsewhere(kw)
-        return _agent.models(**kw)
+        return _agent_ops().models(**kw)
+
+
+def _agent_ops():
+    """The module overlord.ops.agent, imported on first use (`ops.agent` is the operation)."""
+    import importlib
+    return importlib.import_module("overlord.ops.agent")
 
 
 # -- argument checks: a harness's arguments arrive as JSON, whatever their types --------------

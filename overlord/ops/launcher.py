@@ -13,11 +13,12 @@ enters `with serving():` before its first thread (start() + execute.use_launcher
 The helper hands each request to an idle worker, forking one when none is idle and keeping
 SPARE forked ahead, so a request never waits for a fork and a long command in one conversation
 never holds up another's. A worker is single-threaded and serves one request at a time; one
-that is left with a thread after a request exits rather than clone beside it. Requests are JSON datagrams on a SOCK_SEQPACKET socketpair; each carries a fresh
-socketpair end of its own (SCM_RIGHTS) on which the worker answers and on which the server may
-send b"cancel": the worker's cancel is that socket, polled by the engine every 0.1 s while the
-command runs, so Stop kills the command tree within a fraction of a second. A server thread that
-goes away (its end closed) cancels too. The helper dies with the server (PR_SET_PDEATHSIG), the
+that is left with a thread after a request exits rather than clone beside it. Requests are
+JSON datagrams on a SOCK_SEQPACKET socketpair; each carries a fresh socketpair end of its own
+(SCM_RIGHTS) on which the worker answers and on which the server may send b"cancel": the
+worker's cancel is that socket, polled by the engine every 0.1 s while the command runs, so
+Stop kills the command tree within a fraction of a second. A server thread that goes away (its
+end closed) cancels too. The helper dies with the server (PR_SET_PDEATHSIG), the
 workers with the helper, and a command with its worker (the engine's own PDEATHSIG).
 """
 import json
@@ -176,7 +177,7 @@ def _helper(sock):
     libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # ^C at the terminal is the server's
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    idle, busy = [], {}              # worker sockets; busy: socket -> pid
+    idle = []                        # the sockets of idle workers
     pids = {}                        # socket -> pid, every live worker
     for _ in range(SPARE):
         idle.append(_fork_worker(sock, pids))
@@ -188,7 +189,6 @@ def _helper(sock):
                 note = w.recv(16)
             except OSError:
                 note = b""
-            busy.pop(w, None)
             if note == b"idle" and len(idle) < KEEP:
                 idle.append(w)
             else:                        # it died, or there are idle ones enough: let it go
@@ -212,7 +212,6 @@ def _helper(sock):
             except OSError:              # that worker died while idle: try another
                 pids.pop(w, None)
                 w.close()
-        busy[w] = pids[w]
         for fd in fds:
             os.close(fd)
         while len(idle) < SPARE:         # fork the next spare now, while this request runs
@@ -282,8 +281,8 @@ class _SocketCancel:
     def is_set(self):
         if not self.flag:
             try:
-                data = self.sock.recv(16, socket.MSG_DONTWAIT)
-                self.flag = True if data in (b"cancel", b"") else self.flag
+                if self.sock.recv(16, socket.MSG_DONTWAIT) in (b"cancel", b""):
+                    self.flag = True
             except BlockingIOError:
                 pass
             except OSError:
