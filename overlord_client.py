@@ -18,10 +18,10 @@ Conventions:
 
 - Every failure is `OverlordError`: `.code` is the daemon's code (400 bad arguments, 403 denied
   by policy, 404 unknown session or op, 409 refused, 413 request too long, 429 over a cap of
-  the daemon's, 500 internal) or one of the SDK's own: 503 no daemon / connection lost (`NO_DAEMON`), 504 no reply within the
-  client's timeout (`NO_REPLY`), 502 the daemon sent something that is not the protocol
-  (`BAD_REPLY`: not JSON, nested past the parser, a line over 256 MiB); str(exc) is the
-  daemon's one-line message. A socket another user than you or root serves is 503 and is
+  the daemon's, 500 internal) or one of the SDK's own: 503 no daemon / connection lost
+  (`NO_DAEMON`), 504 no reply within the client's timeout (`NO_REPLY`), 502 the daemon sent
+  something that is not the protocol (`BAD_REPLY`: not JSON, nested past the parser, a line
+  over 256 MiB); str(exc) is the daemon's one-line message. A socket another user than you or root serves is 503 and is
   sent nothing (SO_PEERCRED). No socket or JSON exception escapes the API. An exception
   raised by one of your own callbacks reaches you unchanged.
 - The connection is made lazily, by the first call (or `connect()`), and remade by the next
@@ -291,10 +291,12 @@ def _argv(argv):
     return list(argv)
 
 
-def _split(kwargs):
-    """(grants, the rest) of keyword arguments: grants go under "grants"."""
+def _grants(op, kwargs):
+    """The grants among op's keyword arguments (sent under "grants"); 400 for any other."""
     grants = {k: kwargs.pop(k) for k in GRANTS if k in kwargs and kwargs[k] is not None}
-    return grants, kwargs
+    if kwargs:
+        raise OverlordError(f"{op}: unknown argument(s) {', '.join(sorted(kwargs))}", 400)
+    return grants
 
 
 def _strip(reply):
@@ -307,9 +309,8 @@ class Client:
     socket: the daemon's socket path (default: `default_socket()`); timeout: seconds a call
     waits for the daemon's next message (an event or the reply), for the connection and for
     the daemon to take in a request, None to wait as long as it takes (an agent may run for
-    an hour); name: how this client names
-    itself, sent as every request's "client" (the sessions it opens record it as
-    `broker.client`; at most 200 characters are kept)."""
+    an hour); name: how this client names itself, sent as every request's "client" (the
+    sessions it opens record it as `broker.client`; at most 200 characters are kept)."""
 
     def __init__(self, socket=None, timeout=None, name=None):
         self.socket = os.fspath(socket) if socket is not None else default_socket()
@@ -431,9 +432,7 @@ class Client:
         """Open a session on target, run argv in it, leave it pending: a Session.
         grants: jail, net, timeout, limits, merge_base (unasked: jailed and offline, held to
         the target's policy)."""
-        grants, rest = _split(grants)
-        if rest:
-            raise OverlordError(f"run: unknown argument(s) {', '.join(sorted(rest))}", 400)
+        grants = _grants("run", grants)
         args = {"target": _target(target), "argv": _argv(argv), "grants": grants,
                 "backend": backend, "stack": stack or None, "wait": wait or None}
         _put_bytes(args, "stdin", stdin)
@@ -447,10 +446,9 @@ class Client:
         exec calls: a LiveSession. grants as for run(). on_output(stream, data) gets every
         exec's output as it is written. As a context manager it closes on exit and never
         commits."""
-        grants, rest = _split(grants)
-        if rest:
-            raise OverlordError(f"open: unknown argument(s) {', '.join(sorted(rest))}", 400)
-        reply = self.call("open", target=_target(target), grants=grants, backend=backend, stack=stack or None, wait=wait or None)
+        grants = _grants("open", grants)
+        reply = self.call("open", target=_target(target), grants=grants, backend=backend,
+                          stack=stack or None, wait=wait or None)
         return LiveSession(self, reply, on_output)
 
     def exec(self, sid, argv, stdin=None, timeout=None, on_output=None, wait=None):
@@ -503,9 +501,7 @@ class Client:
     def revert(self, sid, stack=False, backend=None, **grants):
         """A new pending session undoing the committed session sid: a Session. grants as
         for open() (unasked: jailed and offline, held to the target's policy)."""
-        grants, rest = _split(grants)
-        if rest:
-            raise OverlordError(f"revert: unknown argument(s) {', '.join(sorted(rest))}", 400)
+        grants = _grants("revert", grants)
         return Session(self, self.call("revert", sid=sid, stack=stack or None, backend=backend,
                                        grants=grants or None))
 
