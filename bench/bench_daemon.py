@@ -27,7 +27,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -35,7 +34,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import overlord_client as oc  # noqa: E402
-from bench_mcp import brokered_grants, folder, median_ms, timed  # noqa: E402 - bench/'s helpers
+from bench_mcp import brokered_grants, folder, fresh_home, median_ms, timed  # noqa: E402 - bench/'s helpers
 from overlord import ops  # noqa: E402
 
 TRUE = ["true"]
@@ -236,10 +235,7 @@ def main():
     ap.add_argument("--profile", action="store_true", help="where one exec's time goes")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    tmp = os.path.realpath(tempfile.mkdtemp(prefix="ovl-bench-daemon-"))
-    home = os.path.join(tmp, "home")
-    os.mkdir(home, 0o700)
-    os.environ["OVERLORD_HOME"] = home
+    tmp, home = fresh_home("ovl-bench-daemon-")
     write_policy(home, tmp)
     daemon = Daemon(tmp, args.backend)
     out = {}

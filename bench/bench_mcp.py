@@ -36,6 +36,15 @@ def brokered_grants(backend):
     return {"jail": False, "net": "host"} if backend == "fuse" else {"jail": True, "net": "none"}
 
 
+def fresh_home(prefix):
+    """(tmp, home): a fresh temporary folder, and OVERLORD_HOME (set for this process) in it."""
+    tmp = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
+    home = os.path.join(tmp, "home")
+    os.mkdir(home, 0o700)
+    os.environ["OVERLORD_HOME"] = home
+    return tmp, home
+
+
 def folder(tmp, name):
     path = os.path.join(tmp, name)
     os.mkdir(path)
@@ -123,10 +132,7 @@ def main():
     ap.add_argument("--mode", default="auto", choices=("auto", "legacy"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    tmp = os.path.realpath(tempfile.mkdtemp(prefix="ovl-bench-mcp-"))
-    home = os.path.join(tmp, "home")
-    os.mkdir(home, 0o700)
-    os.environ["OVERLORD_HOME"] = home
+    tmp, _ = fresh_home("ovl-bench-mcp-")
     try:
         install_policy(tmp, args.backend)
         out = {"exec": bench_exec(tmp, args.runs, args.backend, args.mode)}
