@@ -19,7 +19,6 @@ from overlord.ops.shapes import (change_json, compare_json, counts_json, record_
 from overlord.text import escape_text
 
 SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
-CLIENT_MAX = 200
 RESERVED = ("id", "op", "client")
 
 
@@ -103,7 +102,7 @@ def parse(msg):
     client = msg.get("client")
     if client is not None and not isinstance(client, str):
         raise UsageError(f"{name}: client must be a string")
-    args = {"client": client[:CLIENT_MAX] if client else None}
+    args = {"client": client or None}               # ops.Caller keeps its first 200 characters
     for key, value in msg.items():
         if key in RESERVED or value is None:
             continue
