@@ -28,7 +28,7 @@ from overlord import ops
 from overlord.errors import OverlordError, UsageError
 from overlord.mcp import jsonrpc as J
 from overlord.mcp import protocol
-from overlord.web import security   # the UI's launch token and host check (a sibling face)
+from overlord.ops import access     # the UI's launch token and host check
 
 PATH = "/mcp"
 BODY_MAX = 32 << 20
@@ -68,7 +68,7 @@ class Server(http.server.ThreadingHTTPServer):
 
     def configure(self, tools, token, host):
         self.tools = tools
-        self.guard = security.Guard(token, host, self.server_address[1])
+        self.guard = access.Guard(token, host, self.server_address[1])
         self.sessions = {}                       # Mcp-Session-Id -> Conversation
         self.lock = threading.Lock()
 
@@ -271,7 +271,7 @@ def _hung_up(sock):
 def serve(tools, host, port, err=None):
     """Bind host:port, print the URL and how to pass the token on err, serve until stopped."""
     err = err or sys.stderr
-    token = security.load_token(ops.home())
+    token = access.load_token(ops.home())
     try:
         httpd = Server((host, port), Handler)
     except OSError as exc:

@@ -129,6 +129,23 @@ def test_no_face_module_imports_below_the_service_layer():
     assert not found, "\n".join(found)
 
 
+def test_a_face_does_not_reach_into_another_face():
+    """web, daemon and mcp share what they share through ops (the launch token and its guard:
+    ops.access); only the CLI, which starts every face, imports the others."""
+    found = []
+    for rel, module in face_files():
+        face = module.split(".")[1]
+        if face == "cli":
+            continue
+        with open(os.path.join(os.path.dirname(ROOT), rel), encoding="utf-8") as f:
+            tree = ast.parse(f.read(), rel)
+        for line, name, how in imported_names(tree, package_of(module, rel)):
+            other = name.split(".")[1] if name.startswith("overlord.") and "." in name else None
+            if other in FACES and other != face:
+                found.append(f"{rel}:{line}: {how} of {name} (another face)")
+    assert not found, "\n".join(found)
+
+
 def test_every_face_module_imports_and_the_walk_sees_them_all():
     walked = {module for _, module in face_files()}
     seen = set()
