@@ -19,7 +19,8 @@ from conftest import Daemon
 
 NOBODY = 65534
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a child becomes uid 65534")
+pytestmark = [pytest.mark.second_user,      # CI's ordinary-user pass deselects these
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a child becomes uid 65534")]
 
 
 @pytest.fixture
