@@ -9,7 +9,8 @@ request a harness makes goes through one facade, Broker, so no face can forget a
 - unasked grants are jailed and offline (the agent's own defaults); a request looser than the
   rule is refused naming it; timeout is a cap and limits are ceilings (policy.cap);
 - every act on an existing session re-checks that a rule covers its folder and that today's
-  policy still gives the grants it runs under (policy.hold), whoever opened it;
+  policy still gives the grants it runs under (policy.hold); a session a person opened (it
+  has no `broker` record) is a harness's to look at, never to change;
 - commit keeps policy's allow_force and require_review (ops.clearance), and never takes the
   flags only a person at the terminal may pass (allow_privileged).
 
