@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, Ovl
 from overlord import ops
 
@@ -291,3 +293,14 @@ def stdio_transport(home, target, backend, errlog):
     params = StdioServerParameters(command=argv[0], args=argv[1:], cwd=REPO,
                                    env=Ovl(home, backend).env())
     return stdio_client(params, errlog=errlog)
+
+
+def require_mcp():
+    """Skip where the official MCP SDK is not installed; on CI (OVERLORD_REQUIRE_BACKENDS,
+    .ci/run installs mcp==2.3.0) that is a failure instead, as for a missing backend."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        if os.environ.get("OVERLORD_REQUIRE_BACKENDS"):
+            pytest.fail("the mcp SDK is not installed on a host that must have it", pytrace=False)
+        pytest.skip("the mcp SDK is not installed (pip install mcp==2.3.0)", allow_module_level=True)

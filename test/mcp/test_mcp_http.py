@@ -9,9 +9,9 @@ import pytest
 
 from conftest import Ovl, tree
 from mcplib import (MODES, Http, admit, attributed, drive, http_transport, meta_envelope,
-                    records, sdk)
+                    records, require_mcp, sdk)
 
-pytest.importorskip("mcp")
+require_mcp()
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}

@@ -6,9 +6,9 @@ attributing every change to the client's tool call."""
 import pytest
 
 from conftest import tree
-from mcplib import MODES, admit, attributed, drive, sdk, stdio_transport
+from mcplib import MODES, admit, attributed, drive, require_mcp, sdk, stdio_transport
 
-pytest.importorskip("mcp")
+require_mcp()
 
 
 @pytest.mark.parametrize("mode, version", MODES)
