@@ -100,18 +100,15 @@ class Broker:
         """The session sid, once policy covers its folder -- for an act that changes it
         (changes, or runs), once a harness opened it: a person's own session is theirs to
         change, a harness may only look at it -- and, for an act that runs something under its
-        grants (runs; timeout: that command's own), once today's policy still gives them and
-        nothing a broker never grants loosens them (a person's `--trace strace` lets the
-        session's commands ptrace)."""
+        grants (runs; timeout: that command's own), once today's policy still gives them. (A
+        harness never opens a traced session, so a person's `--trace strace`, which lets the
+        session's commands ptrace, is out of its reach with the rest of their session.)"""
         session = get_session(_sid(sid))
         self._rule(session.target)
         if (changes or runs) and not session.meta.get("broker"):
             raise Denied(f"session {session.sid} was opened by a person, not through a harness "
                          "(daemon, MCP server, hook): a brokered caller may look at it, not "
                          "change it")
-        if runs and session.meta.get("trace") == "strace":
-            raise Denied(f"session {session.sid} is traced (trace: strace), which lets its commands "
-                         "use ptrace; trace is for a person at the terminal, not a brokered caller")
         if runs and session.meta["state"] in store.OPEN_STATES:
             self._hold(session, timeout)
         return session
