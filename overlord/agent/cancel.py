@@ -13,6 +13,7 @@ import contextlib
 import os
 import select
 import signal
+import socket
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -23,15 +24,74 @@ class Cancelled(BaseException):
 
 
 class Cancel:
+    """The one cancel token of a run: the loop checks it between steps, the provider HTTP layer
+    and the connector client honour it inside a call (watch: set() shuts a registered socket
+    down, so a blocked read returns at once; wait: a pause that ends early), the engine kills
+    a tool's process tree when it sees its event."""
+
     def __init__(self, event=None):
         self.event = event if event is not None else threading.Event()
         self._raise = False
+        self._lock = threading.Lock()
+        self._fds = {}               # token -> our duplicate of a watched socket's fd
+        self._callbacks = {}         # token -> called once when set
+        self._next = 0
 
     def is_set(self):
         return self.event.is_set()
 
     def set(self):
         self.event.set()
+        with self._lock:
+            fds, callbacks = list(self._fds.values()), list(self._callbacks.values())
+        for fd in fds:
+            _shutdown(fd)
+        for callback in callbacks:
+            callback()
+
+    def check(self):
+        """Raise Cancelled if the token is set."""
+        if self.event.is_set():
+            raise Cancelled()
+
+    def wait(self, seconds):
+        """Pause up to `seconds`; True (at once) when cancelled meanwhile."""
+        return self.event.wait(max(0.0, seconds))
+
+    @contextlib.contextmanager
+    def watch(self, sock):
+        """While inside, set() shuts `sock` down (we keep a duplicate of its fd, so a socket
+        its owner closed meanwhile never lends its number to another). Set already: at once."""
+        try:
+            fd = os.dup(sock.fileno())
+        except (OSError, ValueError):
+            yield
+            return
+        token = self._add(self._fds, fd)
+        if self.event.is_set():
+            _shutdown(fd)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._fds.pop(token, None)
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def on_set(self, callback):
+        """While inside, set() also calls callback() (from the thread that sets)."""
+        token = self._add(self._callbacks, callback)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._callbacks.pop(token, None)
+
+    def _add(self, table, value):
+        with self._lock:
+            self._next += 1
+            table[self._next] = value
+            return self._next
 
     @contextlib.contextmanager
     def interruptible(self):
@@ -84,3 +144,11 @@ class Cancel:
                 return
             if wanted & set(data):
                 self.event.set()
+
+
+def _shutdown(fd):
+    try:
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

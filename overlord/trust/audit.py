@@ -44,6 +44,7 @@ ACTIONS = (
     "session.rollback", "session.rewind", "session.fork", "session.revert",
     "session.timeout", "session.limit", "session.needs_review",
     "review.verdict", "policy.change", "audit.checkpoint",
+    "connector.call", "connector.approval_requested", "connector.decision", "connector.result",
 )
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 

@@ -41,8 +41,7 @@ class Bad(Exception):
     key's name (" must be ...", ".secrets must be ...", ": unknown check ...")."""
 
 
-# -- the key table: one line per key (later issues add connectors, connector_shell, budget,
-# skills here) --------------------------------------------------------------------------------
+# -- the key table: one line per key (later issues add budget, skills here) ---------------------
 
 def _bool(value):
     if not isinstance(value, bool):
@@ -102,6 +101,15 @@ def _checks(value):
     return dict(value)
 
 
+def _servers(value):
+    """A list of connector names, or "*" (every configured one)."""
+    if value == "*":
+        return value
+    if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+        raise Bad(f' must be "*" or a list of connector names, not {_shown(value)}')
+    return list(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Key:
     check: object              # value -> the value kept; raises Bad
@@ -118,6 +126,9 @@ KEYS = {
     "require_review": Key(_bool, False),        # every commit needs a fresh complete approval
     "protect": Key(_globs, []),                 # paths whose change needs an approval
     "checks": Key(_checks, CHECK_DEFAULTS, merged=True),   # content-gate severities
+    "connectors": Key(_servers, None),          # the connectors a session may be granted (None: any)
+    "connector_shell": Key(_bool, False),       # shell-shaped connector tools may be granted
+    "distrust_hints": Key(_servers, []),        # servers whose readOnlyHint is not believed
 }
 
 

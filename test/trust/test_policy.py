@@ -150,7 +150,8 @@ def test_no_policy_file_is_the_built_in_rule(home, tmp_path):
     assert r.as_dict() == {"jail": None, "net": None, "timeout": None, "limits": {},
                            "allow_force": True, "require_review": False, "protect": [],
                            "checks": {"secrets": "countersign", "binaries": "warn",
-                                      "dependencies": "warn", "size_mb": 50}}
+                                      "dependencies": "warn", "size_mb": 50},
+                           "connectors": None, "connector_shell": False, "distrust_hints": []}
     assert {r.source(k) for k in P.KEYS} == {"built-in"} and r.origin()["sha256"] is None
 
 
