@@ -1,13 +1,19 @@
-"""Stopping a run: Ctrl-C (SIGINT, also SIGTERM and SIGHUP) sets a flag the loop checks.
+"""Stopping a run: one token (Cancel) per run. A face sets it (the workspace's Stop, from a
+server thread) or Ctrl-C does (SIGINT, also SIGTERM and SIGHUP, on the CLI's main thread).
 
-Three moments, three mechanisms:
-  - between steps, our own handler sets the flag; the loop stops at its next check;
-  - during a model call, the handler raises Cancelled, because the call may sit in a socket
-    read for minutes;
-  - during a tool call, the engine's supervisor has the handler (it forwards the signal to the
-    command, which may ignore it). The signal still reaches us through the wakeup fd, a watcher
-    thread sets the flag, and the engine kills the tool's whole process tree when it sees the
-    flag (ops.exec_capture(cancel=...)), within 0.1 s.
+What honours it, at every depth:
+  - between steps, the loop checks the flag;
+  - during a model call, the provider HTTP layer watches its sockets and waits on the token
+    between retries (providers/http.py): set() shuts the connection, the call raises Cancelled;
+  - during a tool call, the engine kills the tool's whole process tree when it sees the flag
+    (ops.exec_capture(cancel=...)), within 0.1 s;
+  - during a connector call or at the approval gate, watch() / on_set() / wait() likewise.
+
+Ctrl-C reaches the token two ways: our handler sets the flag (and, inside interruptible(),
+raises Cancelled at once); and the signal's byte on the wakeup fd wakes a watcher thread that
+calls set(), so watched sockets and on_set callbacks fire too -- also while the engine's
+supervisor holds the handler during a tool call (it forwards the signal to the command, which
+may ignore it).
 """
 import contextlib
 import os
@@ -20,7 +26,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Cancelled(BaseException):
-    """Raised out of a model call by Ctrl-C (a BaseException: no `except Exception` eats it)."""
+    """Raised out of whatever a cancel interrupts (a BaseException: no `except Exception` eats it)."""
 
 
 class Cancel:
@@ -143,7 +149,7 @@ class Cancel:
             if not data:
                 return
             if wanted & set(data):
-                self.event.set()
+                self.set()          # not in the handler: set() takes a lock
 
 
 def _shutdown(fd):

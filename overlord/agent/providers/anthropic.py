@@ -245,32 +245,35 @@ def _reply(msg):
         refusal_category=details.get("category") if raw == "refusal" else None, state=state)
 
 
-def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
+def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None, cancel=None):
     base = common.base_url(endpoint, BASE)
     fallbacks = bool(endpoint.fallbacks) and native(base)
     try:
-        return _complete(endpoint, base, system, messages, tools, on_delta, on_headers, fallbacks)
+        return _complete(endpoint, base, system, messages, tools, on_delta, on_headers, fallbacks,
+                         cancel)
     except ProviderError as e:
         if fallbacks and e.status == 400 and "fallback" in str(e).lower():
-            return _complete(endpoint, base, system, messages, tools, on_delta, on_headers, False)
+            return _complete(endpoint, base, system, messages, tools, on_delta, on_headers, False,
+                             cancel)
         raise
 
 
-def _complete(endpoint, base, system, messages, tools, on_delta, on_headers, fallbacks):
+def _complete(endpoint, base, system, messages, tools, on_delta, on_headers, fallbacks, cancel):
     body = request_body(endpoint, system, messages, tools, fallbacks)
     read = _read_stream if endpoint.stream else _read_json
     return http.call("anthropic", "POST", base + "/v1/messages", _headers(endpoint, fallbacks), body,
                      read, on_delta=on_delta, on_headers=on_headers,
-                     secrets=common.secrets(endpoint))
+                     secrets=common.secrets(endpoint), cancel=cancel)
 
 
-def list_models(endpoint):
+def list_models(endpoint, cancel=None):
     base = common.base_url(endpoint, BASE)
     models, after = [], None
     while True:
         query = "?limit=1000" + (f"&after_id={urllib.parse.quote(after)}" if after else "")
         page = http.call("anthropic", "GET", base + "/v1/models" + query, _headers(endpoint, False),
-                         None, lambda resp, emit: resp.json(), secrets=common.secrets(endpoint))
+                         None, lambda resp, emit: resp.json(), secrets=common.secrets(endpoint),
+                         cancel=cancel)
         models += [{"id": m["id"], "name": m.get("display_name") or m["id"]}
                    for m in page.get("data") or []]
         if not page.get("has_more") or not page.get("last_id"):

@@ -52,9 +52,10 @@ class AzureWire(openai.Wire):
 WIRE = AzureWire("azure", default_api="chat")
 
 
-def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
-    return openai.complete_on(WIRE, endpoint, system, messages, tools, on_delta, on_headers)
+def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None, cancel=None):
+    return openai.complete_on(WIRE, endpoint, system, messages, tools, on_delta, on_headers,
+                              cancel)
 
 
-def list_models(endpoint):
-    return openai.list_models_on(WIRE, endpoint)
+def list_models(endpoint, cancel=None):
+    return openai.list_models_on(WIRE, endpoint, cancel)

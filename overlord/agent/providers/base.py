@@ -16,7 +16,9 @@ The neutral message list (what the agent records and replays):
 Tools are [{"name", "description", "input_schema": <JSON schema object>}].
 
 Every provider module has complete(endpoint, system, messages, tools, on_delta=None,
-on_headers=None) -> Reply and list_models(endpoint) -> [{"id", "name"}]. on_delta(kind, text) gets
+on_headers=None, cancel=None) -> Reply and list_models(endpoint, cancel=None) -> [{"id", "name"}].
+cancel is the run's token (overlord.agent.cancel.Cancel): when it is set, the call ends within a
+moment by raising Cancelled (never a ProviderError, never a retry). on_delta(kind, text) gets
 kind "text" or "thinking" as the answer streams, and ("restart", "") when a broken stream is being
 retried from the start: drop what was shown; the Reply holds only the attempt that completed.
 on_headers(provider, headers) gets each response's rate-limit headers. Reply.usage also carries

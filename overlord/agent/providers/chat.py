@@ -174,9 +174,10 @@ def _reply(name, messages, acc):
         refusal_category=("content_filter" if finish == "content_filter" else None))
 
 
-def complete(wire, endpoint, system, messages, tools, on_delta=None, on_headers=None):
+def complete(wire, endpoint, system, messages, tools, on_delta=None, on_headers=None,
+             cancel=None):
     body = request_body(wire, endpoint, system, messages, tools)
     read = (read_stream if endpoint.stream else read_json)(wire.name, messages)
     return http.call(wire.name, "POST", wire.url(endpoint, "chat"), wire.headers(endpoint), body,
                      read, on_delta=on_delta, on_headers=on_headers,
-                     secrets=common.secrets(endpoint))
+                     secrets=common.secrets(endpoint), cancel=cancel)

@@ -206,7 +206,7 @@ def _reply(turn, messages):
         state={"provider": "gemini", "parts": turn.parts, "calls": state_calls})
 
 
-def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
+def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None, cancel=None):
     base = common.base_url(endpoint, BASE)
     model = urllib.parse.quote(_model(endpoint), safe="")
     body = request_body(endpoint, system, messages, tools)
@@ -228,17 +228,18 @@ def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
 
     headers = common.headers(endpoint, {"x-goog-api-key": endpoint.api_key})
     return http.call("gemini", "POST", url, headers, body, read, on_delta=on_delta,
-                     on_headers=on_headers, secrets=common.secrets(endpoint))
+                     on_headers=on_headers, secrets=common.secrets(endpoint), cancel=cancel)
 
 
-def list_models(endpoint):
+def list_models(endpoint, cancel=None):
     base = common.base_url(endpoint, BASE)
     headers = common.headers(endpoint, {"x-goog-api-key": endpoint.api_key})
     models, token = [], None
     while True:
         query = "?pageSize=1000" + (f"&pageToken={urllib.parse.quote(token)}" if token else "")
         page = http.call("gemini", "GET", f"{base}/v1beta/models{query}", headers, None,
-                         lambda resp, emit: resp.json(), secrets=common.secrets(endpoint))
+                         lambda resp, emit: resp.json(), secrets=common.secrets(endpoint),
+                         cancel=cancel)
         for m in page.get("models") or []:
             methods = m.get("supportedGenerationMethods")
             if methods is not None and "generateContent" not in methods:

@@ -14,11 +14,20 @@ cleanly. The Reply only ever holds one complete attempt; before the retry, on_de
 ("restart", "") so a live view can drop what it printed. Nothing has run at that point: tool
 calls are only handed back in the final Reply.
 
-Tests make retries instant: set the module attribute `sleep`, or OVERLORD_RETRY_SCALE=0.
+A cancel (the run's cancel token, overlord.agent.cancel.Cancel) ends a call within a moment,
+whatever it is doing: every socket the call opens is watched by the token from before it
+connects until the answer is read (set() shuts it down, so a blocked connect, TLS handshake or
+read returns at once), every pause between retries waits on the token instead of sleeping, and
+the token is checked before each attempt and after any failure. A cancelled call raises
+Cancelled -- never a ProviderError, never a retry, no further request.
+
+Tests make retries instant: set the module attribute `sleep` (then called with the seconds
+instead of waiting on the token), or OVERLORD_RETRY_SCALE=0.
 Knobs from the environment: OVERLORD_PROVIDER_RETRIES (default 4 retries after the first try),
 OVERLORD_PROVIDER_TIMEOUT (connect and idle-read timeout, default 600 s: a non-streamed answer
 may take minutes before its first byte), OVERLORD_RETRY_SCALE.
 """
+import contextlib
 import email.utils
 import http.client
 import json
@@ -32,10 +41,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from overlord.agent.cancel import Cancel
 from overlord.agent.providers import sse
 from overlord.agent.providers.base import ProviderError
 
-sleep = time.sleep            # replaced by tests
+sleep = None                  # tests set a callable: pauses call it instead of waiting on the token
 MAX_WAIT = 60.0               # the longest retry-after we are willing to sit out
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504, 529}
 RATE_PREFIXES = ("anthropic-ratelimit-", "x-ratelimit-")
@@ -62,10 +72,15 @@ def timeout():
     return _env_num("OVERLORD_PROVIDER_TIMEOUT", 600.0)
 
 
-def _pause(seconds):
+def _pause(seconds, cancel):
+    """The pause between two attempts: it ends at once (Cancelled) when the run is cancelled."""
     seconds *= _env_num("OVERLORD_RETRY_SCALE", 1.0)
     if seconds > 0:
-        sleep(seconds)
+        if sleep is not None:
+            sleep(seconds)
+        else:
+            cancel.wait(seconds)
+    cancel.check()
 
 
 def backoff(attempt):
@@ -158,11 +173,56 @@ class Response:
             raise Dropped("the response was not complete JSON") from None
 
 
-def _opener(url):
+def _connect(watch, address, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None):
+    """socket.create_connection, each socket handed to watch() before it connects."""
+    host, port = address
+    error = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            watch(sock)
+            if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(addr)
+            return sock
+        except OSError as e:
+            error = e
+            sock.close()
+    raise error if error is not None else OSError("getaddrinfo returns an empty list")
+
+
+class _Watching:
+    """A urllib handler whose connections hand their socket to watch() before connecting: the
+    proxy tunnel, the TLS handshake, the request and the answer all run on a watched socket."""
+
+    def __init__(self, watch):
+        super().__init__()
+        self._watch = watch
+
+    def do_open(self, http_class, req, **kw):
+        def connection(*args, **kwargs):
+            conn = http_class(*args, **kwargs)
+            conn._create_connection = lambda *a, **k: _connect(self._watch, *a, **k)
+            return conn
+        return super().do_open(connection, req, **kw)
+
+
+class _HTTP(_Watching, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPS(_Watching, urllib.request.HTTPSHandler):
+    pass
+
+
+def _opener(url, watch):
+    handlers = [_HTTP(watch), _HTTPS(watch)]
     host = urllib.parse.urlsplit(url).hostname or ""
     if host in LOOPBACK:   # a local server is never reached through a proxy
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    return urllib.request.build_opener()
+        handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
 
 
 class _Retry(Exception):
@@ -170,11 +230,11 @@ class _Retry(Exception):
         self.error, self.wait = error, wait
 
 
-def _open(provider, method, url, headers, data, secrets, on_headers, attempt):
+def _open(provider, method, url, headers, data, secrets, on_headers, attempt, watch):
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     host = urllib.parse.urlsplit(url).netloc
     try:
-        raw = _opener(url).open(req, timeout=timeout())
+        raw = _opener(url, watch).open(req, timeout=timeout())
     except urllib.error.HTTPError as e:
         hdrs = dict(e.headers.items()) if e.headers else {}
         if on_headers and rate_headers(hdrs):
@@ -217,12 +277,16 @@ def _why(e):
     return text
 
 
-def call(provider, method, url, headers, body, read, *, on_delta=None, on_headers=None, secrets=()):
+def call(provider, method, url, headers, body, read, *, on_delta=None, on_headers=None, secrets=(),
+         cancel=None):
     """Send `body` (a dict, JSON-encoded; None for a GET) and return read(Response, emit).
 
     `read` parses the answer, calling emit(kind, text) for streamed text; it raises Dropped when
     the answer broke off and ProviderError for an in-band error (retryable or not).
+    `cancel` (a Cancel; None: a call nothing cancels but a signal handler) ends the call with
+    Cancelled at any moment.
     """
+    cancel = cancel if cancel is not None else Cancel()
     data = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
     headers = dict(headers)
     headers.setdefault("user-agent", "overlord")
@@ -238,34 +302,45 @@ def call(provider, method, url, headers, body, read, *, on_delta=None, on_header
 
     last = None
     for attempt in range(tries):
+        cancel.check()
         if shown[0]:
             on_delta("restart", "")
             shown[0] = False
-        try:
-            raw = _open(provider, method, url, headers, data, secrets, on_headers, attempt)
-        except _Retry as r:
-            last = r.error
-            if attempt + 1 < tries:
-                _pause(r.wait)
-            continue
-        try:
-            with raw:
-                return read(Response(raw, provider), emit)
-        except Dropped as e:
-            last = ProviderError(scrub(f"{provider}: the answer broke off: {e}", secrets), retryable=True)
-        except (http.client.HTTPException, OSError) as e:
-            last = ProviderError(scrub(f"{provider}: the answer broke off: {_why(e)}", secrets),
-                                 retryable=True)
-        except ProviderError as e:
-            if not e.retryable:
+        with contextlib.ExitStack() as watched:
+            def watch(sock):
+                watched.enter_context(cancel.watch(sock))
+            try:
+                return _attempt(provider, method, url, headers, data, read, emit, secrets,
+                                on_headers, attempt, watch)
+            except _Retry as r:
+                cancel.check()            # a cancel broke it: no retry
+                last, wait = r.error, r.wait
+            except Exception:
+                cancel.check()            # a cancel broke it, whatever the failure looked like
                 raise
-            last = e
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
-            # an answer of the wrong shape: a gateway or server bug, not weather; one clean line
-            raise ProviderError(scrub(f"{provider}: the endpoint's answer has an unexpected shape "
-                                      f"({type(e).__name__}: {e})", secrets)) from None
         if attempt + 1 < tries:
-            wait = last.retry_after if last.retry_after is not None else backoff(attempt)
-            _pause(min(wait, MAX_WAIT))
+            _pause(min(wait, MAX_WAIT), cancel)
     raise ProviderError(f"{last} (gave up after {tries} attempts)", status=last.status,
                         retryable=True, retry_after=last.retry_after)
+
+
+def _attempt(provider, method, url, headers, data, read, emit, secrets, on_headers, attempt, watch):
+    """One try: read's answer, or _Retry(the error, how long to wait) when another may help."""
+    raw = _open(provider, method, url, headers, data, secrets, on_headers, attempt, watch)
+    try:
+        with raw:
+            return read(Response(raw, provider), emit)
+    except Dropped as e:
+        last = ProviderError(scrub(f"{provider}: the answer broke off: {e}", secrets), retryable=True)
+    except (http.client.HTTPException, OSError) as e:
+        last = ProviderError(scrub(f"{provider}: the answer broke off: {_why(e)}", secrets),
+                             retryable=True)
+    except ProviderError as e:
+        if not e.retryable:
+            raise
+        last = e
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+        # an answer of the wrong shape: a gateway or server bug, not weather; one clean line
+        raise ProviderError(scrub(f"{provider}: the endpoint's answer has an unexpected shape "
+                                  f"({type(e).__name__}: {e})", secrets)) from None
+    raise _Retry(last, last.retry_after if last.retry_after is not None else backoff(attempt))

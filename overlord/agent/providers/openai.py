@@ -52,23 +52,25 @@ class Wire:
 WIRE = Wire("openai", BASE)
 
 
-def complete_on(wire, endpoint, system, messages, tools, on_delta=None, on_headers=None):
+def complete_on(wire, endpoint, system, messages, tools, on_delta=None, on_headers=None,
+                cancel=None):
     api = wire.api(endpoint)
     if api not in ("responses", "chat"):
         raise common.ProviderError(f"{wire.name}: unknown --api {api!r} (responses or chat)")
     wire_mod = responses if api == "responses" else chat
-    return wire_mod.complete(wire, endpoint, system, messages, tools, on_delta, on_headers)
+    return wire_mod.complete(wire, endpoint, system, messages, tools, on_delta, on_headers, cancel)
 
 
-def list_models_on(wire, endpoint):
+def list_models_on(wire, endpoint, cancel=None):
     page = http.call(wire.name, "GET", wire.url(endpoint, "models"), wire.headers(endpoint), None,
-                     lambda resp, emit: resp.json(), secrets=common.secrets(endpoint))
+                     lambda resp, emit: resp.json(), secrets=common.secrets(endpoint),
+                     cancel=cancel)
     return [{"id": m["id"], "name": m.get("name") or m["id"]} for m in page.get("data") or []]
 
 
-def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
-    return complete_on(WIRE, endpoint, system, messages, tools, on_delta, on_headers)
+def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None, cancel=None):
+    return complete_on(WIRE, endpoint, system, messages, tools, on_delta, on_headers, cancel)
 
 
-def list_models(endpoint):
-    return list_models_on(WIRE, endpoint)
+def list_models(endpoint, cancel=None):
+    return list_models_on(WIRE, endpoint, cancel)

@@ -20,9 +20,10 @@ WIRE = openai.Wire("openai-compatible", BASE, default_api="chat", max_tokens_fie
                    strict=False)
 
 
-def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
-    return openai.complete_on(WIRE, endpoint, system, messages, tools, on_delta, on_headers)
+def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None, cancel=None):
+    return openai.complete_on(WIRE, endpoint, system, messages, tools, on_delta, on_headers,
+                              cancel)
 
 
-def list_models(endpoint):
-    return openai.list_models_on(WIRE, endpoint)
+def list_models(endpoint, cancel=None):
+    return openai.list_models_on(WIRE, endpoint, cancel)

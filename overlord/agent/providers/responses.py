@@ -199,9 +199,10 @@ def reply(name, final, output):
         state={"provider": f"{name}:responses", "items": replay})
 
 
-def complete(wire, endpoint, system, messages, tools, on_delta=None, on_headers=None):
+def complete(wire, endpoint, system, messages, tools, on_delta=None, on_headers=None,
+             cancel=None):
     body = request_body(wire, endpoint, system, messages, tools)
     read = read_stream(wire.name) if endpoint.stream else read_json(wire.name)
     return http.call(wire.name, "POST", wire.url(endpoint, "responses"), wire.headers(endpoint),
                      body, read, on_delta=on_delta, on_headers=on_headers,
-                     secrets=common.secrets(endpoint))
+                     secrets=common.secrets(endpoint), cancel=cancel)

@@ -59,7 +59,9 @@ def _pieces(text):
     return re.findall(r"\S+\s*|\s+", text or "")
 
 
-def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
+def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None, cancel=None):
+    check = cancel.check if cancel is not None else (lambda: None)
+    check()
     model, turns = load(endpoint.script)
     # replies so far: assistant messages, plus those a compaction's handover stands for
     n = sum(1 if m.get("role") == "assistant" else m.get("compacted", 0) for m in messages)
@@ -71,6 +73,7 @@ def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
     emit = on_delta or (lambda kind, text: None)
     for kind in ("thinking", "text"):
         for piece in _pieces(turn.get(kind)):
+            check()
             emit(kind, piece)
     calls = []
     for i, c in enumerate(turn.get("tool_calls") or []):
@@ -79,6 +82,7 @@ def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
         if not isinstance(value, dict):
             value, why = {}, f"tool input is not a JSON object: {common.snippet(json.dumps(raw))}"
         calls.append(ToolCall(c.get("id") or f"call_{n}_{i}", c["name"], value, why))
+    check()
     stop = turn.get("stop_reason") or ("tool_use" if calls else "end_turn")
     if stop not in STOP_REASONS:
         raise ProviderError(f"scripted: turn {n + 1} has an unknown stop_reason {stop!r}")
@@ -89,6 +93,6 @@ def complete(endpoint, system, messages, tools, on_delta=None, on_headers=None):
                  model=model, raw_stop=stop, refusal_category=turn.get("refusal_category"))
 
 
-def list_models(endpoint):
+def list_models(endpoint, cancel=None):
     model = load(endpoint.script)[0] if endpoint.script and os.path.exists(endpoint.script) else "scripted"
     return [{"id": model, "name": model}]
