@@ -17,7 +17,6 @@ from overlord import ops
 from overlord.errors import NotFound, OverlordError, UsageError
 from overlord.ops import launcher
 from overlord.web import settings as S
-from overlord.web.stop import Stop
 
 AUDIT = "/audit"
 OUTPUT_CHARS = 16000          # a tool's output as the page shows it (the transcript keeps all)
@@ -31,7 +30,7 @@ class Channel:
         self.cond = threading.Condition()
         self.events = []          # [(name, data)] since `offset`
         self.offset = 0           # how many earlier events were dropped (positions are absolute)
-        self.run = None           # the Stop of the run in progress
+        self.run = None           # the Cancel of the run in progress
         self.partial = {"text": "", "thinking": ""}
         self.count = 0            # the transcript's length, as far as this run has written it
         self.last = None          # how the last run here ended
@@ -113,7 +112,7 @@ class Chats:
             raise S.Invalid("model", "model must be a model id")
         folder = S.check_folder(body.get("folder") or cfg["folder"])
         sandbox = cfg["sandbox"]
-        stop = Stop()
+        stop = ops.Cancel()
         opened = threading.Event()          # set by the first transcript event, or the end
         box = {"started": opened}
 
@@ -147,7 +146,7 @@ class Chats:
             raise UsageError("/audit starts a new conversation; this one is already under way")
         _chat_session(sid)
         ch = self.channel(sid)
-        stop = Stop()
+        stop = ops.Cancel()
         with ch.cond:
             if ch.run is not None:
                 raise OverlordError("the agent is still working in this conversation: wait for it "

@@ -1,20 +1,17 @@
 """The web face's pure parts, without a server: diffs as correct patches, the request
-coalescing (no answer older than its request), settings validation, the guard's decisions,
-and Stop breaking a blocked socket read in another thread."""
+coalescing (no answer older than its request), settings validation and the guard's decisions.
+(Stop breaking a model call in another thread: test/agent/test_cancel.py.)"""
 import os
 import random
 import re
-import socket
 import threading
 import time
 from email.message import Message
 
 import pytest
 
-from overlord.agent.cancel import Cancelled
 from overlord.ops import patch as diffs
 from overlord.web import api, security, settings
-from overlord.web.stop import Stop
 
 
 def patch(a, hunks):
@@ -140,41 +137,6 @@ def test_the_guard_decides_by_origin_fetch_site_and_principal():
     assert ok("GET", _headers(Sec_Fetch_Site="same-site"), "cookie", True)
     assert ok("GET", _headers(Sec_Fetch_Site="same-site"), "cookie", False) is None   # a link to a page
     assert ok("GET", _headers(Origin=other), "bearer", True)
-
-
-def test_stop_breaks_a_model_call_blocked_in_another_thread():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    stop = Stop()
-    outcome = {}
-
-    def call():
-        try:
-            with stop.interruptible():
-                s = socket.create_connection(server.getsockname())
-                try:
-                    while True:                      # a provider retrying a broken read
-                        if s.recv(10) == b"":
-                            time.sleep(0.5)
-                            s = socket.create_connection(server.getsockname())
-                finally:
-                    s.close()
-        except Cancelled:
-            outcome["cancelled"] = time.monotonic()
-    t = threading.Thread(target=call)
-    t.start()
-    conn, _ = server.accept()                        # connected, and the reader is blocked
-    time.sleep(0.1)
-    asked = time.monotonic()
-    stop.set()
-    t.join(2)
-    assert not t.is_alive() and outcome["cancelled"] - asked < 1.0
-    conn.close()
-    server.close()
-    with pytest.raises(Cancelled):
-        with stop.interruptible():
-            pass
 
 
 # -- names that are not UTF-8, metadata in words, the request log, the transcript's reasons -------
