@@ -47,8 +47,9 @@ class Loop:
 
     def __init__(self, provider, endpoint, toolbox, record, cancel, max_turns=None,
                  context_window=None, on_delta=None, limit_crossed=lambda: False,
-                 touched=lambda layer: []):
+                 touched=lambda layer: [], connectors=None):
         self.provider, self.endpoint, self.toolbox, self.record = provider, endpoint, toolbox, record
+        self.connectors = connectors      # ops.connectors.Hands: the tools outside the sandbox
         self.cancel, self.max_turns = cancel, max_turns or DEFAULT_MAX_TURNS
         self.window = context_window or compaction.DEFAULT_WINDOW
         self.on_delta, self.limit_crossed, self.touched = on_delta, limit_crossed, touched
@@ -107,7 +108,8 @@ class Loop:
         self.turns += 1
         with self.cancel.interruptible():
             reply = self.provider.complete(self.endpoint, conv.system, conv.messages, conv.tools,
-                                           on_delta=on_delta, on_headers=self._headers)
+                                           on_delta=on_delta, on_headers=self._headers,
+                                           cancel=self.cancel)
         self._count(reply.usage)
         calls = [{"id": c.id, "name": c.name, "input": c.input} for c in reply.tool_calls]
         message = {"role": "assistant", "text": reply.text, "tool_calls": calls, "state": reply.state}
@@ -134,16 +136,27 @@ class Loop:
             if self.limit_crossed():
                 return "limit", "the session crossed its disk grant"
             name, args = call.name, call.input
+            hands = self.connectors if self.connectors and self.connectors.owns(name) else None
             problem = call.malformed and f"malformed tool input, not run: {call.malformed}"
-            problem = problem or tools.check_input(name, args)
-            summary = tools.summary(name, args)
+            if hands:
+                problem = problem or hands.check_input(name, args)
+                summary, extra = hands.summary(name, args), {"connector": hands.describe(name, args)}
+            else:
+                problem = problem or tools.check_input(name, args)
+                summary, extra = tools.summary(name, args), {}
             self.record.record("tool_call", turn=turn, call=call.id, tool=name, input=args,
-                               summary=summary, refused=problem)
+                               summary=summary, refused=problem, **extra)
             if problem:
                 self._result(turn, call, tools.Outcome(problem, is_error=True), 0)
                 continue
-            cause = {"kind": "agent", "turn": turn, "tool": name, "call": call.id, "summary": summary}
             started = time.monotonic()
+            if hands:      # outside the sandbox: gated, audited, never raising for the server
+                self._result(turn, call, hands.call(name, args, turn, call.id),
+                             time.monotonic() - started)
+                if self.cancel.is_set():
+                    return "cancelled", None
+                continue
+            cause = {"kind": "agent", "turn": turn, "tool": name, "call": call.id, "summary": summary}
             try:
                 outcome = self.toolbox.call(name, args, cause)
             except OverlordError as exc:       # the session itself refused (limit, state, ...)
@@ -168,7 +181,8 @@ class Loop:
                            paths=self.touched(outcome.layer) if outcome.layer is not None else [],
                            truncated=outcome.truncated,
                            timed_out=outcome.timed_out, cancelled=outcome.cancelled,
-                           ms=int(seconds * 1000))
+                           ms=int(seconds * 1000),
+                           **({"connector": outcome.connector} if outcome.connector else {}))
 
     def _answer_all(self, why):
         """Give every call still without a result one saying it never ran."""
@@ -188,7 +202,7 @@ class Loop:
         with self.cancel.interruptible():
             try:
                 reply = self.provider.complete(self.endpoint, conv.system, ask, conv.tools,
-                                               on_headers=self._headers)
+                                               on_headers=self._headers, cancel=self.cancel)
                 note, usage = reply.text, reply.usage
             except ProviderError as exc:
                 note, usage = "", {"error": str(exc)}

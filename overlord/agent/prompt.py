@@ -54,6 +54,7 @@ class Situation:
     operator: str                 # whom the agent works for
     own_source: bool = False      # the working folder is OVERLORD's own source
     audit: bool = False
+    connectors: tuple = ()        # the granted connectors' names
 
 
 def conditions(s):
@@ -95,6 +96,12 @@ def conditions(s):
                  "the session transcript, and every changed path is stamped with the tool call "
                  "that changed it. Provenance is derived by the engine from what the filesystem "
                  "shows, not from what you report.")
+    if s.connectors:
+        lines.append(f"- Connectors: {', '.join(s.connectors)}. Their tools (named mcp__<server>__"
+                     "<tool>) run OUTSIDE the sandbox and outside the transaction: what they do "
+                     "happens in the world at once and a rollback does not undo it. A tool the "
+                     "server does not mark read-only waits for the operator's approval, who may "
+                     "deny it; every call is written to the audit chain.")
     if s.own_source:
         lines.append("- The project is OVERLORD's own source code. It is public code and holds no "
                      "secret; editing it changes nothing that is running -- your edits are a diff "

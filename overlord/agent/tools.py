@@ -97,6 +97,7 @@ class Outcome:
     truncated: bool = False
     timed_out: bool = False
     cancelled: bool = False
+    connector: dict = None    # a connector call's {server, tool, fingerprint[, sha256, size]}
 
 
 class Refused(Exception):

@@ -18,6 +18,16 @@ running loop uses, so a resume sees exactly what the model saw:
     rewind       {to, dropped_events, archive, results}
     fork         {from, savepoint}
     done         {reason, turns, usage, message}
+    tools        {tools}                          the tool list changed (a resume whose connectors
+                                                  now offer other tools): the next requests carry it
+    connectors   {servers, errors}                the granted connectors: each server's revision and
+                                                  tools (offered name, read-only claim, withheld)
+    approval_requested {turn, call, server, tool, offered, input, fingerprint, readonly_claim}
+    approval     {turn, call, fingerprint, allow, by, note, mode}   every gate decision, and who made it
+    connector_error {turn, call, server, message}  a server that failed a call (crashed, hung, ...)
+
+A connector call's tool_call and tool_result also carry `connector`: {server, tool, fingerprint}
+(+ sha256 and size of the result).
 
 A rewind to @N cuts the file where the world was @N (see cut_point) and archives the tail; a
 fork copies the cut. One writer at a time: a running agent holds `agent.lock`, and a rewind
@@ -104,6 +114,8 @@ def apply(conv, event):
     kind = event.get("type")
     if kind == "system":
         conv.system, conv.tools = event["prompt"], event["tools"]
+    elif kind == "tools":
+        conv.tools = event["tools"]
     elif kind in SPOKEN and event.get("message") is not None:
         conv.messages.append(event["message"])
         if kind == "task":

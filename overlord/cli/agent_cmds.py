@@ -53,6 +53,12 @@ def add_parsers(sub):
                    "exit_code, reason, changes, ...) instead of the session line")
     a.add_argument("--audit", action="store_true", help="the containment-audit preset: an "
                    "authorized, scoped audit of its own jail (needs the jail)")
+    a.add_argument("--connector", action="append", default=[], metavar="NAME",
+                   help="grant a connector configured with `overlord mcp add` (repeatable): its "
+                   "tools act OUTSIDE the sandbox; those not marked read-only ask you first "
+                   "(`overlord mcp approval`)")
+    a.add_argument("--connector-shell", action="store_true", help="also offer connector tools "
+                   "that look like a shell (the folder's policy must allow connector_shell)")
     g = a.add_argument_group("generation (each sent only when set)")
     g.add_argument("--max-tokens", type=int, metavar="N", help="the longest reply")
     g.add_argument("--temperature", type=float, metavar="X")
@@ -168,7 +174,84 @@ class Live:
         elif kind == "error":
             self._end_line()
             self.err.write(f"overlord: {R.escape_text(str(ev['message']))}\n")
+        elif kind in ("connectors", "approval", "connector_error"):
+            self._end_line()
+            self.out.write(_connector_line(ev) + "\n")
         self.out.flush()
+
+
+def _connector_line(ev):
+    """The connector events, one line each (everything a server or a model chose escaped)."""
+    kind = ev["type"]
+    if kind == "approval":
+        verb = "allowed" if ev.get("allow") else "denied"
+        note = f" ({R.escape_text(str(ev['note']))})" if ev.get("note") else ""
+        return f"  {verb} by {R.escape_text(str(ev.get('by')))}{note}"
+    if kind == "connector_error":
+        return f"  connector {R.escape_path(str(ev.get('server')))} failed: {R.escape_text(str(ev.get('message')))}"
+    parts = []
+    for name, info in sorted((ev.get("servers") or {}).items()):
+        tools = info.get("tools") or []
+        held = sum(1 for t in tools if t.get("withheld"))
+        parts.append(f"{R.escape_path(name)}: {len(tools) - held} tools" +
+                     (f" ({held} shell-shaped withheld)" if held else "") +
+                     f", MCP {R.escape_text(str(info.get('version')))}")
+    for name, why in sorted((ev.get("errors") or {}).items()):
+        parts.append(f"{R.escape_path(name)}: did not start ({R.escape_text(str(why))})")
+    return "[connectors] " + "; ".join(parts)
+
+
+class TerminalApprover:
+    """The approval gate at the controlling terminal (/dev/tty, so a task piped on stdin does
+    not answer it): the exact tool and its full input, then y/N. With no terminal, nobody can
+    be asked and the call is denied. Ctrl-C at the prompt stops the run."""
+
+    def __init__(self, fd):
+        import os
+        import pwd
+        self.fd = fd
+        uid = os.getuid()
+        try:
+            self.who = f"the operator at the terminal ({uid}:{pwd.getpwuid(uid).pw_name})"
+        except KeyError:
+            self.who = f"the operator at the terminal (uid {uid})"
+
+    @classmethod
+    def open(cls):
+        """The approver, or None when this process has no terminal (nobody to ask)."""
+        import os
+        try:
+            return cls(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
+        except OSError:
+            return None
+
+    def __call__(self, request, cancel):
+        import json
+        import os
+        import select
+        shown = R.escape_block(json.dumps(request.input, indent=2, ensure_ascii=False, sort_keys=True))
+        claim = ("it claims to be read-only, but policy distrusts this server's claims"
+                 if request.readonly_claim else "the server does not mark it read-only")
+        text = (f"\n[approval] the agent wants to call {R.escape_path(request.server)}:"
+                f"{R.escape_path(request.tool)} -- outside the sandbox; {claim}.\n"
+                f"input:\n{shown}\nfingerprint {request.fingerprint}\n"
+                "Allow this one call? [y/N] ")
+        os.write(self.fd, text.encode("utf-8", "replace"))
+        line = b""
+        while b"\n" not in line:
+            cancel.check()
+            ready, _, _ = select.select([self.fd], [], [], 0.1)
+            if ready:
+                data = os.read(self.fd, 1024)
+                if not data:
+                    return ops.Decision(False, self.who, "the terminal closed")
+                line += data
+        answer = line.split(b"\n", 1)[0].strip().lower()
+        return ops.Decision(answer in (b"y", b"yes"), self.who)
+
+    def close(self):
+        import os
+        os.close(self.fd)
 
 
 def _result_line(ev):
@@ -218,20 +301,32 @@ def cmd_agent(args):
              "azure_api_version": args.azure_api_version,
              "stream": False if args.no_stream else None, "fallbacks": False if args.no_fallbacks else None}
     live = Live()
-    result = ops.agent(
-        task, args.target, provider=args.provider, model=args.model, base_url=args.base_url,
-        headers=_headers(args.header), knobs=knobs, script=args.script, system=args.system,
-        max_turns=args.max_turns, context_window=args.context_window, jail=not args.no_jail,
-        net=args.net, timeout=args.timeout, limits=ops.merge_grants({}, {}, args.limit).get("limits"),
-        backend=args.backend, trace=args.trace, audit=args.audit, stack=args.stack,
-        on_event=live.event, on_delta=live.delta)
+    approver = TerminalApprover.open() if args.connector else None
+    try:
+        result = ops.agent(
+            task, args.target, provider=args.provider, model=args.model, base_url=args.base_url,
+            headers=_headers(args.header), knobs=knobs, script=args.script, system=args.system,
+            max_turns=args.max_turns, context_window=args.context_window, jail=not args.no_jail,
+            net=args.net, timeout=args.timeout, limits=ops.merge_grants({}, {}, args.limit).get("limits"),
+            backend=args.backend, trace=args.trace, audit=args.audit, stack=args.stack,
+            on_event=live.event, on_delta=live.delta, connectors=args.connector,
+            connector_shell=args.connector_shell, approver=approver)
+    finally:
+        if approver:
+            approver.close()
     return _finish(result, args.json)
 
 
 def cmd_resume(args):
     live = Live()
-    result = ops.resume(args.sid, args.note, headers=_headers(args.header), max_turns=args.max_turns,
-                        on_event=live.event, on_delta=live.delta)
+    approver = TerminalApprover.open()
+    try:
+        result = ops.resume(args.sid, args.note, headers=_headers(args.header),
+                            max_turns=args.max_turns, on_event=live.event, on_delta=live.delta,
+                            approver=approver)
+    finally:
+        if approver:
+            approver.close()
     return _finish(result)
 
 
@@ -284,6 +379,11 @@ def _transcript_line(ev):
                 + (f" (archived in {R.escape_path(ev['archive'])})" if ev.get("archive") else ""))
     if kind == "fork":
         return f"forked from {R.escape_path(str(ev['from']))} at @{ev['savepoint']}"
+    if kind == "approval_requested":
+        return (f"{at}  asked the operator to approve {R.escape_path(str(ev.get('server')))}:"
+                f"{R.escape_path(str(ev.get('tool')))} (fingerprint {ev.get('fingerprint')})")
+    if kind in ("connectors", "approval", "connector_error"):
+        return at + _connector_line(ev).lstrip()
     if kind == "done":
         u = ev.get("usage") or {}
         why = f" ({R.escape_text(str(ev['message']))})" if ev.get("message") else ""

@@ -373,7 +373,8 @@ class _Agent:
 @op("agent", task=(string, REQ), target=(string, OPT), system=(string, OPT),
     max_turns=(integer, OPT), context_window=(integer, OPT), jail=(boolean, OPT),
     net=(string, OPT), timeout=(seconds, OPT), limits=(obj, OPT), backend=(string, OPT),
-    audit=(boolean, OPT), stack=(boolean, OPT), deltas=(boolean, OPT), **ENDPOINT)
+    audit=(boolean, OPT), stack=(boolean, OPT), deltas=(boolean, OPT), connectors=(strings, OPT),
+    connector_shell=(boolean, OPT), **ENDPOINT)
 def _agent(ctx, args):
     run = _Agent(ctx, args.pop("deltas", False))
     task, target = args.pop("task"), args.pop("target", None)

@@ -6,6 +6,7 @@ writing call its own savepoint stamped {kind: agent, turn, tool, call, summary}.
 and knobs are recorded on the session's meta (never the key, nor a credential header's value),
 so a resume calls the same model the same way.
 """
+import contextlib
 import dataclasses
 import os
 import pwd
@@ -27,6 +28,7 @@ from overlord.ops.execute import command_cwd, exec_capture, run
 from overlord.ops.grants import resolve_target, validate_grants
 from overlord.trust import policy
 from overlord.ops.review import get_session
+from overlord.ops import connectors as hands_ops
 
 DEFAULT_CALL_TIMEOUT = 600          # seconds a tool call may run, unless --timeout
 UNASKED = {"jail": True, "net": "none", "timeout": DEFAULT_CALL_TIMEOUT}   # the agent's own defaults
@@ -114,10 +116,13 @@ def _served_model(ep):
 def agent(task, target=None, *, provider=None, model=None, base_url=None, headers=None,
           knobs=None, script=None, system=None, max_turns=None, context_window=None, jail=None,
           net=None, timeout=None, limits=None, backend=None, trace=None, audit=False, stack=False,
-          on_event=None, on_delta=None, cancel=None, broker=None):
+          on_event=None, on_delta=None, cancel=None, broker=None, connectors=None,
+          connector_shell=False, approver=None):
     """Open a session on target and run the agent on task in it. Returns AgentResult; the
     session is left pending for review whatever the done reason. jail, net, timeout, limits:
-    None is unasked (the agent's defaults, held to the target's policy: UNASKED)."""
+    None is unasked (the agent's defaults, held to the target's policy: UNASKED).
+    connectors: the names of the connectors granted (ops.connectors); approver(request,
+    cancel) -> Decision answers the approval gate (None: nobody to ask, so `ask` denies)."""
     if audit and jail is False:
         raise UsageError("--audit needs the jail: there is nothing to audit without one")
     task = prompt.audit_task(task) if audit else (task or "").strip()
@@ -132,6 +137,7 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
     asked = validate_grants({"jail": jail, "net": net, "timeout": timeout or None,
                              "limits": limits}, "agent")
     grants = policy.cap_grants(resolve_target(target), asked, UNASKED)
+    held = hands_ops.grant(resolve_target(target), connectors, connector_shell, brokered=bool(broker))
     jail, net = grants["jail"], grants["net"]
     _check_backend(backends.choose(backend), jail, net)
     opened = run(["true"], target=target, backend=backend, grants=grants, trace=trace, stack=stack,
@@ -143,21 +149,43 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
                         agent=settings, task=_oneline(task, 200))
     if audit:
         session.meta["audit"] = True
+    if held:
+        session.meta["connectors"] = held
     session.save()
     situation = prompt.Situation(
         provider=ep.provider, model=served, base_url=ep.base_url, target=session.target,
         jailed=bool(jail), backend=session.meta["backend"], net=net, call_timeout=grants["timeout"],
         limits=grant_limits.effective(grants.get("limits")), operator=_operator(),
-        own_source=own_source(session.target), audit=bool(audit))
+        own_source=own_source(session.target), audit=bool(audit),
+        connectors=tuple(held["names"]) if held else ())
+    cancel = cancel if isinstance(cancel, Cancel) else Cancel(cancel)
     with T.writer(session.dir, "run the agent in"):
         record = T.Transcript(session.dir, on_event)
-        record.record("system", prompt=prompt.system_prompt(situation, system), tools=tools.SPECS)
-        record.record("task", text=task, message={"role": "user", "content": task}, audit=bool(audit))
-        return _drive(session, ep, record, max_turns, context_window, on_delta, cancel)
+        with _hands(session, held, record, approver, cancel) as (hands, specs, started):
+            record.record("system", prompt=prompt.system_prompt(situation, system),
+                          tools=tools.SPECS + specs)
+            if started:
+                record.record("connectors", **started)
+            record.record("task", text=task, message={"role": "user", "content": task}, audit=bool(audit))
+            return _drive(session, ep, record, max_turns, context_window, on_delta, cancel, hands)
+
+
+@contextlib.contextmanager
+def _hands(session, held, record, approver, cancel):
+    """(hands, the tool specs they offer, the `connectors` event) for a run; closed after."""
+    if not held:
+        yield None, [], None
+        return
+    hands = hands_ops.Hands(session, held, record, approver, cancel)
+    try:
+        specs, started = hands.start()
+        yield hands, specs, started
+    finally:
+        hands.close()
 
 
 def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_delta=None,
-           cancel=None):
+           cancel=None, approver=None):
     """Reopen an agent session on its surviving stack: rebuild the conversation from the
     transcript, deliver the note as the next user turn, continue."""
     session = get_session(sid)
@@ -170,11 +198,21 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
         raise OverlordError(f"cannot resume session {sid}: it crossed its {session.meta['limit']} "
                             "grant and can run nothing more")
     policy.hold(session.target, session.meta["grants"], sid=sid)   # before anything is recorded
+    held = hands_ops.regrant(session)
     ep = _recorded_endpoint(settings["endpoint"], headers)
-    with T.writer(session.dir, "resume"):
+    cancel = cancel if isinstance(cancel, Cancel) else Cancel(cancel)
+    with T.writer(session.dir, "resume"), _hands(session, held, None, approver, cancel) as \
+            (hands, specs, started):
         _check_rebuild(session)
         record = T.Transcript(session.dir, on_event)
+        if hands:
+            hands.record = record
         conv = record.conversation
+        offered = tools.SPECS + specs
+        if held and offered != conv.tools:     # the servers offer other tools today
+            record.record("tools", tools=offered)
+        if started:
+            record.record("connectors", **started)
         for call in T.unanswered(conv.messages):
             record.record("tool_result", turn=conv.turn, call=call["id"], tool=call["name"],
                           result=T.result(call, "Not run: the previous run stopped before this "
@@ -185,7 +223,8 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
                                         conv.messages[-1].get("role") == "assistant" else None)
         record.record("resume", note=note, message={"role": "user", "content": text} if text else None)
         turns = max_turns or settings.get("max_turns")
-        return _drive(session, ep, record, turns, settings.get("context_window"), on_delta, cancel)
+        return _drive(session, ep, record, turns, settings.get("context_window"), on_delta, cancel,
+                      hands)
 
 
 def _check_rebuild(session):
@@ -200,8 +239,7 @@ def _check_rebuild(session):
                             "request; the record is damaged")
 
 
-def _drive(session, ep, record, max_turns, context_window, on_delta, cancel):
-    cancel = cancel if isinstance(cancel, Cancel) else Cancel(cancel)
+def _drive(session, ep, record, max_turns, context_window, on_delta, cancel, hands=None):
     sid = session.sid
 
     def run_one(argv, data, cause, timeout, cap):
@@ -212,7 +250,7 @@ def _drive(session, ep, record, max_turns, context_window, on_delta, cancel):
     loop = Loop(providers.get(ep.provider), ep, toolbox, record, cancel, max_turns=max_turns,
                 context_window=context_window, on_delta=on_delta,
                 limit_crossed=lambda: bool(store.load_meta(sid).get("limit")),
-                touched=lambda layer: _touched(session, layer))
+                touched=lambda layer: _touched(session, layer), connectors=hands)
     with cancel.signals():
         done = loop.run()
     return AgentResult(sid, done.reason, done.turns, done.usage, get_session(sid).plan(), done.message)

@@ -415,7 +415,7 @@ def _no_key_elsewhere(kw):
 
 
 def _no_person_flags(kw):
-    for key in ("trace", "pty_slave", "on_child", "allow_privileged"):
+    for key in ("trace", "pty_slave", "on_child", "allow_privileged", "approver"):
         if kw.get(key) is not None:
             raise Denied(f"{key} is for a person at the terminal, not a brokered caller")
 

@@ -1,0 +1,157 @@
+"""The agent with connectors, end to end through the CLI: the scripted provider calls tools on
+the real npm servers (server-everything, server-filesystem) and on fakes for the failure
+cases; the gate in each mode; the three audit acts per call; grants and policy."""
+import json
+import os
+
+import pytest
+
+from connlib import (acts, configure, everything_argv, fake_server, filesystem_argv, kovl,  # noqa: F401
+                     of_type, results, tool)
+
+
+def script_calls(*calls, text="done"):
+    """Turns: each call its own turn, then a final reply."""
+    turns = [{"tool_calls": [{"name": name, "input": args}]} for name, args in calls]
+    return turns + [{"text": text}]
+
+
+def test_read_only_tool_runs_without_asking_and_is_bound_into_the_chain(kovl, home, target, tmp_path):
+    configure(home, {"everything": everything_argv()})
+    sid, proc = kovl.scripted(target, tmp_path, script_calls(("mcp__everything__echo", {"message": "hi there"})),
+                              "--connector", "everything", check=0)
+    ev = kovl.events(sid)
+    res = results(ev)["call_0_0"]
+    assert "hi there" in res["result"]["content"] and not res["result"]["is_error"]
+    (decision,) = of_type(ev, "approval")
+    assert decision["allow"] and "readOnlyHint" in decision["by"] and "own claim" in decision["by"]
+    assert not of_type(ev, "approval_requested")
+    got = acts(home, sid)
+    assert [a["action"] for a in got] == ["connector.call", "connector.decision", "connector.result"]
+    fp = res["connector"]["fingerprint"]
+    assert {a["fingerprint"] for a in got} == {fp}
+    assert got[2]["sha256"] == res["connector"]["sha256"] and got[2]["size"] == res["connector"]["size"]
+    assert got[0]["server"] == "everything" and got[0]["tool"] == "echo"
+    verify = kovl("audit", "verify", "--json", check=0)
+    assert json.loads(verify.out)["ok"], verify.out
+    # the tool list the model was offered holds the server's tools next to the built-ins
+    (system,) = of_type(ev, "system")
+    offered = {t["name"] for t in system["tools"]}
+    assert {"shell", "mcp__everything__echo", "mcp__everything__get-sum"} <= offered
+    (started,) = of_type(ev, "connectors")
+    assert started["servers"]["everything"]["version"] == "2025-11-25"
+    assert (home / "sessions" / sid / "connector-everything.log").exists()    # its stderr, in the record
+
+
+@pytest.mark.parametrize("mode,allowed", [("ask", False), ("auto", True), ("readonly", False)])
+def test_an_action_goes_through_the_gate_in_each_mode(kovl, home, target, tmp_path, mode, allowed):
+    configure(home, {"everything": everything_argv()}, approval=mode)
+    sid, proc = kovl.scripted(target, tmp_path, script_calls(("mcp__everything__toggle-simulated-logging", {})),
+                              "--connector", "everything", check=0)
+    ev = kovl.events(sid)
+    res = results(ev)["call_0_0"]
+    (decision,) = of_type(ev, "approval")
+    assert decision["allow"] is allowed and decision["mode"] == mode
+    assert res["result"]["is_error"] is (not allowed)
+    names = [a["action"] for a in acts(home, sid)]
+    if allowed:
+        assert names == ["connector.call", "connector.decision", "connector.result"]
+        assert decision["by"] == "mcp.json approval: auto"
+    else:
+        # nothing was sent: no result act; in ask mode nobody could be asked (no terminal)
+        assert names == ["connector.call", "connector.decision"]
+        assert "Denied" in res["result"]["content"] and "not sent" in res["result"]["content"]
+        assert decision["by"] == ("nobody" if mode == "ask" else "mcp.json approval: readonly")
+    deny = [a for a in acts(home, sid) if a["action"] == "connector.decision"][0]
+    assert deny["decision"] == ("allow" if allowed else "deny")
+
+
+def test_a_filesystem_write_acts_outside_the_transaction_and_is_recorded(kovl, home, target, tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    configure(home, {"files": filesystem_argv(scratch)}, approval="auto")
+    note = str(scratch / "note.txt")
+    sid, proc = kovl.scripted(target, tmp_path, script_calls(
+        ("mcp__files__write_file", {"path": note, "content": "sent for real\n"}),
+        ("write_file", {"path": "inside.txt", "content": "held\n"})), "--connector", "files", check=0)
+    # the connector's write happened at once, outside the transaction ...
+    assert (scratch / "note.txt").read_text() == "sent for real\n"
+    assert not (target / "inside.txt").exists()
+    # ... and rolling the session back does not undo it
+    kovl("rollback", sid, check=0)
+    assert (scratch / "note.txt").read_text() == "sent for real\n"
+    (res,) = [r for r in of_type(kovl.events(sid), "tool_result") if r.get("connector")]
+    assert res["connector"]["server"] == "files" and res["connector"]["tool"] == "write_file"
+    assert [a["action"] for a in acts(home, sid)][-1] == "connector.result"
+
+
+def test_unknown_connector_and_policy_refusals_open_nothing(kovl, home, target, tmp_path):
+    configure(home, {"everything": everything_argv()})
+    before = sorted(os.listdir(home))
+    sid, proc = kovl.scripted(target, tmp_path, [{"text": "hi"}], "--connector", "nope", check=2)
+    assert proc.err.startswith("overlord: ") and "nope" in proc.err and "everything" in proc.err
+    assert sid is None and "Traceback" not in proc.err
+    (home / "policy.json").write_text(json.dumps({"targets": {str(target): {"connectors": ["other"]}}}))
+    sid, proc = kovl.scripted(target, tmp_path, [{"text": "hi"}], "--connector", "everything", check=1)
+    assert f"targets[{target}]" in proc.err and "everything" in proc.err and sid is None
+    (home / "policy.json").write_text(json.dumps({"targets": {str(target): {"connectors": "*"}}}))
+    sid, proc = kovl.scripted(target, tmp_path, [{"text": "hi"}], "--connector", "everything",
+                              "--connector-shell", check=1)
+    assert "connector_shell" in proc.err and sid is None
+    assert not (home / "sessions").exists() or not os.listdir(home / "sessions")
+    assert sorted(os.listdir(home)) == before or not acts(home)
+
+
+SHELLISH = [tool("run_command", "Run a shell command on the host", {"command": {"type": "string"}}),
+            tool("lookup", "Look a word up", {"word": {"type": "string"}}, readonly=True)]
+
+
+def test_shell_shaped_tools_are_withheld_without_the_grant(kovl, home, target, tmp_path):
+    configure(home, {"box": fake_server(tmp_path, SHELLISH)}, approval="auto")
+    sid, proc = kovl.scripted(target, tmp_path, script_calls(
+        ("mcp__box__run_command", {"command": "id"}), ("mcp__box__lookup", {"word": "x"})),
+        "--connector", "box", check=0)
+    ev = kovl.events(sid)
+    offered = {t["name"] for t in of_type(ev, "system")[0]["tools"]}
+    assert "mcp__box__lookup" in offered and "mcp__box__run_command" not in offered
+    (started,) = of_type(ev, "connectors")
+    rows = {r["tool"]: r for r in started["servers"]["box"]["tools"]}
+    assert rows["run_command"]["withheld"] and not rows["lookup"]["withheld"]
+    res = results(ev)
+    assert res["call_0_0"]["result"]["is_error"] and "ran" not in res["call_0_0"]["result"]["content"]
+    assert res["call_1_0"]["result"]["content"].startswith("ran lookup")
+    # with the grant, which the folder's policy must allow, the shell is offered
+    (home / "policy.json").write_text(json.dumps({"targets": {str(target): {"connector_shell": True}}}))
+    sid, proc = kovl.scripted(target, tmp_path, script_calls(("mcp__box__run_command", {"command": "id"})),
+                              "--connector", "box", "--connector-shell", "--stack", check=0)
+    assert results(kovl.events(sid))["call_0_0"]["result"]["content"].startswith("ran run_command")
+
+
+@pytest.mark.parametrize("mode", ["crash-on-call", "garbage-on-call", "error-on-call"])
+def test_a_failing_server_ends_the_call_not_the_run(kovl, home, target, tmp_path, mode):
+    configure(home, {"box": fake_server(tmp_path, SHELLISH[1:], mode)})
+    sid, proc = kovl.scripted(target, tmp_path, script_calls(
+        ("mcp__box__lookup", {"word": "x"}), ("write_file", {"path": "after.txt", "content": "on\n"})),
+        "--connector", "box", check=0)
+    ev = kovl.events(sid)
+    res = results(ev)
+    assert res["call_0_0"]["result"]["is_error"] and "box" in res["call_0_0"]["result"]["content"]
+    (err,) = of_type(ev, "connector_error")
+    assert err["server"] == "box" and err["message"]
+    assert not res["call_1_0"]["result"]["is_error"]          # the run went on
+    assert of_type(ev, "done")[0]["reason"] == "end_turn"
+    last = acts(home, sid)[-1]
+    assert last["action"] == "connector.result" and last["error"]
+
+
+@pytest.mark.parametrize("mode", ["die-at-start", "hang-at-start"])
+def test_a_server_that_does_not_start_leaves_the_run_without_it(kovl, home, target, tmp_path, mode):
+    configure(home, {"box": fake_server(tmp_path, SHELLISH[1:], mode)})
+    sid, proc = kovl.scripted(target, tmp_path, script_calls(("mcp__box__lookup", {"word": "x"})),
+                              "--connector", "box", check=0,
+                              env={"OVERLORD_CONNECTOR_START_TIMEOUT": "2"})
+    ev = kovl.events(sid)
+    (started,) = of_type(ev, "connectors")
+    assert "box" in started["errors"]
+    assert "mcp__box__lookup" not in {t["name"] for t in of_type(ev, "system")[0]["tools"]}
+    assert results(ev)["call_0_0"]["result"]["is_error"]
