@@ -155,3 +155,81 @@ def test_a_server_that_does_not_start_leaves_the_run_without_it(kovl, home, targ
     assert "box" in started["errors"]
     assert "mcp__box__lookup" not in {t["name"] for t in of_type(ev, "system")[0]["tools"]}
     assert results(ev)["call_0_0"]["result"]["is_error"]
+
+
+def test_a_real_provider_wire_calls_connector_tools(kovl, home, target, tmp_path):
+    """The fake Anthropic endpoint: the connector's tools travel in the request as tools, the
+    model's tool_use is routed to the server, its result returns as a tool_result."""
+    from fakes import AnthropicFake
+    configure(home, {"everything": everything_argv()}, approval="auto")
+    fake = AnthropicFake()
+    try:
+        fake.queue(fake.turn(calls=[("mcp__everything__get-sum", {"a": 2, "b": 40})]),
+                   fake.turn(calls=[("mcp__everything__toggle-simulated-logging", {})]),
+                   fake.turn(text="the sum is 42"))
+        sid, proc = kovl.agent(target, "add", "--provider", "anthropic", "--model", fake.MODEL,
+                               "--base-url", fake.url, "--connector", "everything", check=0)
+        assert fake.problems == []
+        sent = {t["name"]: t for t in fake.body(0)["tools"]}
+        assert "[connector everything, outside the sandbox; read-only" in sent["mcp__everything__get-sum"]["description"]
+        assert "asks the operator first" in sent["mcp__everything__toggle-simulated-logging"]["description"]
+        assert sent["mcp__everything__get-sum"]["input_schema"]["properties"]["a"]["type"] == "number"
+        answered = [b for m in fake.body(1)["messages"] for b in m["content"] if b.get("type") == "tool_result"]
+        assert "42" in json.dumps(answered[-1]["content"])
+        assert "Connectors: everything" in json.dumps(fake.body(0)["system"])    # the conditions block says so
+    finally:
+        fake.close()
+    assert [a["action"] for a in acts(home, sid)].count("connector.result") == 2
+
+
+def test_a_resumed_session_keeps_its_connectors_under_todays_policy(kovl, home, target, tmp_path):
+    configure(home, {"everything": everything_argv()})
+    turns = [{"tool_calls": [{"name": "mcp__everything__echo", "input": {"message": "one"}}]},
+             {"text": "first"},
+             {"tool_calls": [{"name": "mcp__everything__echo", "input": {"message": "two"}}]},
+             {"text": "second"}]
+    script = tmp_path / "resume-script.json"
+    script.write_text(json.dumps(turns))
+    sid, proc = kovl.agent(target, "go", "--provider", "scripted", "--script", script,
+                           "--connector", "everything", check=0)
+    kovl("resume", sid, "--note", "again", check=0)
+    contents = [r["result"]["content"] for r in of_type(kovl.events(sid), "tool_result")]
+    assert "one" in contents[0] and "two" in contents[1]
+    # policy narrowed since: the session may not use the connector any more, and says so
+    (home / "policy.json").write_text(json.dumps({"targets": {str(target): {"connectors": []}}}))
+    proc = kovl("resume", sid, "--note", "once more", check=1)
+    assert proc.err.startswith("overlord: ") and "connectors everything" in proc.err
+    assert of_type(kovl.events(sid), "resume")[-1]["note"] == "again"      # nothing recorded
+
+
+def test_a_brokered_run_gets_connectors_only_where_a_rule_names_them(home, target, tmp_path, monkeypatch):
+    """The daemon's and the MCP server's agent op: no rule naming connectors, none; named,
+    an action in ask mode is denied (nobody to ask a brokered run)."""
+    from conftest import require_backend
+    require_backend("kernel")
+    from overlord import ops
+    from overlord.errors import OverlordError
+    monkeypatch.setenv("OVERLORD_TEST_BACKEND", "kernel")
+    configure(home, {"everything": everything_argv()})
+    write = tmp_path / "policy-in.json"
+    write.write_text(json.dumps({"targets": {str(target): {}}}))
+    ops.policy_set(str(write))
+    broker = ops.Broker(ops.Caller("daemon", "test-harness"))
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([{"tool_calls": [TOGGLE_CALL]}, {"text": "done"}]))
+    with pytest.raises(OverlordError) as refused:
+        broker.agent("go", str(target), provider="scripted", script=str(script), connectors=["everything"])
+    assert refused.value.http_status == 403 and "connectors" in str(refused.value)
+    with pytest.raises(OverlordError):
+        broker.agent("go", str(target), provider="scripted", script=str(script),
+                     connectors=["everything"], approver=lambda r, c: ops.Decision(True, "me"))
+    write.write_text(json.dumps({"targets": {str(target): {"connectors": ["everything"]}}}))
+    ops.policy_set(str(write))
+    result = broker.agent("go", str(target), provider="scripted", script=str(script),
+                          connectors=["everything"])
+    ev = ops.transcript(result.sid)
+    (decision,) = of_type(ev, "approval")
+    assert not decision["allow"] and decision["by"] == "nobody"
+
+
+TOGGLE_CALL = {"name": "mcp__everything__toggle-simulated-logging", "input": {}}
