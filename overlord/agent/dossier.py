@@ -2,8 +2,8 @@
 
 Sections, in order: the task (or, for a `run` session, its commands: the savepoints' causes),
 the grant envelope (grants, enforcement, attestation), a digest of the agent's transcript (each
-tool call with its input and a summary of its result), EXTERNAL ACTIONS (none until
-connectors exist), the manifest (kind, path, before -> after hash, cause; its fingerprint is
+tool call with its input and a summary of its result), EXTERNAL ACTIONS (every connector call:
+what it was, who allowed it, what came back), the manifest (kind, path, before -> after hash, cause; its fingerprint is
 the verdict's), the content gate's findings, the unified diffs, and UNSEEN.
 
 Caps (the dossier must fit a model's context):
@@ -98,8 +98,8 @@ def build(session, plan, rows, fingerprint, *, render, findings=None, selection=
     out += _section("AGENT TRANSCRIPT (digest: each tool call, its input, its result)",
                     _digest(events, fence) if events else "none: no agent ran in this session "
                     "(see COMMANDS)\n")
-    out += _section("EXTERNAL ACTIONS", "none: this session had no connectors, so nothing "
-                    "acted outside the sandbox\n")
+    out += _section("EXTERNAL ACTIONS (connector calls: outside the sandbox, not undone by a "
+                    "rollback, not part of the manifest)", _external(meta, events, fence))
     out += _section(f"MANIFEST ({len(plan)} change{'' if len(plan) == 1 else 's'}; fingerprint "
                     f"{fingerprint})", _manifest(meta, plan, rows, fence))
     out += _section("CONTENT GATE", _findings(findings, fence))
@@ -200,6 +200,44 @@ def _event_line(ev, results):
     if kind == "done":
         return f"done: {escape_text(str(ev.get('reason')))} after {ev.get('turns')} turns"
     return None
+
+
+def _external(meta, events, fence):
+    """Every connector call: server, tool, input, the gate's decision and who made it, what
+    came back (its hash and size, or the error). None happened: say so, and why."""
+    if not meta.get("connectors"):
+        return "none: this session had no connectors, so nothing acted outside the sandbox\n"
+    decided = {e.get("call"): e for e in events if e.get("type") == "approval"}
+    results = {e.get("call"): e for e in events if e.get("type") == "tool_result" and e.get("connector")}
+    lines = []
+    for ev in events:
+        where = ev.get("connector") if ev.get("type") == "tool_call" else None
+        if not where:
+            continue
+        raw = json.dumps(ev.get("input"), sort_keys=True, ensure_ascii=False)
+        lines.append(f"[turn {ev.get('turn')}] {escape_text(str(where.get('server')))}:"
+                     f"{escape_text(str(where.get('tool')))} input {escape_block(_clip(raw, INPUT_CAP))}"
+                     f" (fingerprint {where.get('fingerprint')})")
+        d = decided.get(ev.get("call"))
+        if ev.get("refused"):
+            lines.append(f"    refused before the gate: {escape_text(_clip(ev['refused'], RESULT_CAP))}")
+        elif d is None:
+            lines.append("    not decided: the run stopped before the gate")
+        else:
+            lines.append(f"    {'allowed' if d.get('allow') else 'DENIED'} by "
+                         f"{escape_text(str(d.get('by')))} (approval mode {escape_text(str(d.get('mode')))})")
+        res = results.get(ev.get("call"))
+        if d is not None and d.get("allow") and res is not None:
+            got = res.get("connector") or {}
+            outcome = ("cancelled while it ran" if res.get("cancelled") else
+                       f"result sha256 {got.get('sha256')}, {got.get('size')} bytes"
+                       + (", an error" if (res.get("result") or {}).get("is_error") else "")
+                       if got.get("sha256") else "failed: " + escape_text(
+                           _clip((res.get("result") or {}).get("content"), RESULT_CAP)))
+            lines.append(f"    {outcome}")
+    granted = ", ".join(meta["connectors"].get("names") or [])
+    head = f"granted connectors: {escape_text(granted)}; {len([l for l in lines if l.startswith('[')])} calls\n"
+    return head + (fence("connector calls", "\n".join(lines)) if lines else "no connector was called\n")
 
 
 def _result_summary(res):
