@@ -142,7 +142,8 @@ class Loop:
                 problem = problem or hands.check_input(name, args)
                 summary, extra = hands.summary(name, args), {"connector": hands.describe(name, args)}
             else:
-                problem = problem or tools.check_input(name, args)
+                problem = problem or (self.connectors and self.connectors.unknown(name)) or \
+                    tools.check_input(name, args)
                 summary, extra = tools.summary(name, args), {}
             self.record.record("tool_call", turn=turn, call=call.id, tool=name, input=args,
                                summary=summary, refused=problem, **extra)

@@ -170,6 +170,7 @@ class Hands:
         self.clients = {}             # name -> Client (None: not connected)
         self.offered = {}             # offered name -> Offered
         self.info = {}                # what the `connectors` event says of each server
+        self.withheld = {}            # offered name -> (server, tool) of a shell-shaped tool held back
 
     # -- start and stop ------------------------------------------------------------------------
 
@@ -200,7 +201,9 @@ class Hands:
                 readonly = _readonly(tool)
                 self.info[name]["tools"].append({"tool": tool.get("name"), "readonly": readonly,
                                                  "withheld": withheld})
-                if not withheld:
+                if withheld:
+                    self.withheld[names.offered(name, tool.get("name"))] = (name, tool.get("name"))
+                else:
                     keep.append(tool)
             usable[name] = keep
         table = names.table({n: [t["name"] for t in ts] for n, ts in usable.items()},
@@ -245,6 +248,17 @@ class Hands:
     def describe(self, name, args):
         o = self.offered[name]
         return {"server": o.server, "tool": o.tool, "fingerprint": fingerprint(o.server, o.tool, args)}
+
+    def unknown(self, name):
+        """Why a name that is not offered cannot run, when it looks like a connector's; None
+        leaves it to the built-in tools' check."""
+        if name in self.withheld:
+            server, tool = self.withheld[name]
+            return (f"{name} is withheld: {server}'s tool {tool!r} looks like a shell, and this "
+                    "session does not hold the connector_shell grant")
+        if name.startswith(PREFIX):
+            return f"unknown connector tool {name!r} (offered: {', '.join(sorted(self.offered)) or 'none'})"
+        return None
 
     @staticmethod
     def check_input(name, args):

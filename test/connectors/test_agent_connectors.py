@@ -118,7 +118,9 @@ def test_shell_shaped_tools_are_withheld_without_the_grant(kovl, home, target, t
     rows = {r["tool"]: r for r in started["servers"]["box"]["tools"]}
     assert rows["run_command"]["withheld"] and not rows["lookup"]["withheld"]
     res = results(ev)
-    assert res["call_0_0"]["result"]["is_error"] and "ran" not in res["call_0_0"]["result"]["content"]
+    assert res["call_0_0"]["result"]["is_error"] and "withheld" in res["call_0_0"]["result"]["content"]
+    assert "connector_shell" in res["call_0_0"]["result"]["content"]
+    assert not acts(home, sid)[0]["tool"] == "run_command"             # never reached the gate
     assert res["call_1_0"]["result"]["content"].startswith("ran lookup")
     # with the grant, which the folder's policy must allow, the shell is offered
     (home / "policy.json").write_text(json.dumps({"targets": {str(target): {"connector_shell": True}}}))
