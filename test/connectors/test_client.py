@@ -113,6 +113,7 @@ def test_everything_refuses_discover_and_gets_the_handshake(everything):
     assert (c.era, c.version) == ("handshake", "2025-11-25")
     assert c.server_info["name"] == "mcp-servers/everything"
     assert c.instructions and "Everything" in c.instructions
+    until(lambda: len(sent(record)) >= 3, "the first three messages")
     first = sent(record)[:3]
     assert first[0]["method"] == "server/discover"
     assert first[0]["params"]["_meta"] == {
@@ -208,10 +209,11 @@ def _long_call(c, record, **kw):
 
 
 def _cancelled_notice(record, request_id):
-    until(lambda: any(m.get("method") == "notifications/cancelled" for m in sent(record)),
-          "notifications/cancelled")
-    return [m["params"] for m in sent(record) if m.get("method") == "notifications/cancelled"
-            and m["params"]["requestId"] == request_id]
+    def notices():
+        return [m["params"] for m in sent(record) if m.get("method") ==
+                "notifications/cancelled" and m["params"]["requestId"] == request_id]
+    until(notices, f"notifications/cancelled for request {request_id}")
+    return notices()
 
 
 def test_everything_long_call_cancelled_from_another_thread(everything):
