@@ -258,5 +258,6 @@ def test_ctrl_c_during_a_model_call_stops_at_once(kovl, target, claude):
     sid = SESSION_RE.search(out.decode()).group(1)
     events = kovl.events(sid)
     assert [e["type"] for e in events][-2:] == ["request", "done"] and events[-1]["reason"] == "cancelled"
+    assert len(claude.requests) == 1        # the broken call was not retried
     proc = kovl("resume", sid, "--note", "try again")
     assert proc.returncode == 0 and "Back." in proc.out, proc.err

@@ -156,6 +156,7 @@ def test_stop_during_a_model_call_that_has_not_answered(ui, fake):
     assert took < 2.0, took
     detail = ui.ok("GET", f"/api/chats/{sid}")
     assert detail["records"][-1]["type"] == "done" and detail["records"][-1]["reason"] == "cancelled"
+    assert len(fake.requests) == 1          # the broken call was not retried
     fake.plan.clear()
     fake.queue(fake.turn(text="now answering"))
     assert ui.post(f"/api/chats/{sid}/message", {"message": "try again"}).status == 200
@@ -197,6 +198,7 @@ def test_stop_while_the_reply_streams(ui, fake):
     assert took < 2.0, took
     last = ui.ok("GET", f"/api/chats/{sid}")["records"][-1]
     assert last["type"] == "done" and last["reason"] == "cancelled"
+    assert len(fake.requests) == 1          # the broken stream was not retried
 
 
 def test_a_restarted_server_rebuilds_the_conversation(home, target, fake):
