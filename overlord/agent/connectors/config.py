@@ -13,13 +13,13 @@ secret: `Server.masked()` is what a face shows.
 """
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import re
 import stat
 import urllib.parse
 
+from overlord.agent import keys
 from overlord.errors import OverlordError, UsageError
 from overlord.txn import store
 
@@ -275,17 +275,13 @@ def load():
 
 @contextlib.contextmanager
 def _editing():
-    """The config to change, under the file's lock; written back atomically on success."""
+    """The config to change, under the file's lock (keys.json's discipline, keys.locked);
+    written back atomically, 0600 from the moment it exists, when the change succeeds."""
     p = path()
-    store.ensure_home()
-    fd = os.open(p + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with keys.locked(p):
         cfg = load()
         yield cfg
-        store.write_json_atomic(p, cfg.to_json(), 0o600, indent=1, sync_dir=True)
-    finally:
-        os.close(fd)
+        keys.write_private(p, cfg.to_json())
 
 
 def add(server, replace=False):
