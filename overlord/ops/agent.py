@@ -209,7 +209,7 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
             hands.record = record
         conv = record.conversation
         offered = tools.SPECS + specs
-        if held and offered != conv.tools:     # the servers offer other tools today
+        if offered != conv.tools:     # the servers (or this version) offer other tools today
             record.record("tools", tools=offered)
         if started:
             record.record("connectors", **started)
