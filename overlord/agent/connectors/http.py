@@ -110,6 +110,10 @@ class Http:
                 return self._answer(sock, response, msg_id, method, deadline, cancel)
         except (OSError, http.client.HTTPException) as exc:
             raise self._broken(exc, method, deadline, cancel) from None
+        except ConnectorError:
+            if cancel.is_set():                # the watch shut the socket: a short read
+                raise Cancelled() from None
+            raise
         finally:
             conn.close()
 
