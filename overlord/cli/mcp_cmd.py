@@ -52,8 +52,8 @@ def _connector_parsers(s):
         "starts for each session that is granted it; it gets only the --env given here plus "
         "PATH, HOME and LANG, never your environment (no provider key reaches a connector). An "
         "http server is a streamable-HTTP MCP endpoint; --header values (a token) are sent with "
-        "every request. Values are stored in the 0600 file and shown masked by `mcp list`. A "
-        "value may be a secret:// reference. Example: overlord mcp add github --command npx "
+        "every request. Values are stored in the 0600 file and shown masked by `mcp list`. "
+        "Example: overlord mcp add github --command npx "
         "--arg -y --arg @modelcontextprotocol/server-github --env GITHUB_TOKEN=ghp_...")
     a.add_argument("name", metavar="NAME",
                    help="the connector's name: a letter or digit, then up to 31 letters, digits "

@@ -155,10 +155,10 @@ def test_a_bad_server_is_invalid_naming_its_field(kw, field):
 
 
 def test_masked_never_shows_a_value():
-    s = stdio(args=["-y"], env={"GITHUB_TOKEN": TOKEN, "SHORT": "hunter2", "REF": "secret://gh"})
+    s = stdio(args=["-y"], env={"GITHUB_TOKEN": TOKEN, "SHORT": "hunter2", "EMPTY": ""})
     m = s.masked()
     assert m == {"name": "gh", "transport": "stdio", "command": "npx", "args": ["-y"],
-                 "env": {"GITHUB_TOKEN": "ghp…(masked)", "SHORT": "••••", "REF": "secret://gh"}}
+                 "env": {"GITHUB_TOKEN": "ghp…(masked)", "SHORT": "••••", "EMPTY": "••••"}}
     h = config.Server("docs", url="https://user:pa55word@host.example/mcp?key=abc123&flag",
                       headers={"Authorization": BEARER, "X-Key": "shortkey"}).masked()
     text = json.dumps(h, ensure_ascii=False)

@@ -113,8 +113,6 @@ def known(cfg):
 def mask(value):
     """A secret for display: `abc…(masked)` when long enough that three characters tell
     little, else `••••`; never the value."""
-    if isinstance(value, str) and value.startswith("secret://"):
-        return value                  # a reference to a secret, resolved at use: not one itself
     if not isinstance(value, str) or len(value) < LONG:
         return MASK
     return value[:SHOWN] + "…(masked)"
