@@ -123,10 +123,7 @@ def test_stop_during_a_tool_call_ends_within_two_seconds_and_resumes(ui, fake, t
     with ui.events(sid) as ev:
         ev.until(lambda n, d: n == "record" and d["type"] == "tool_call")
         time.sleep(0.3)
-        t = time.monotonic()
-        assert ui.ok("POST", f"/api/chats/{sid}/cancel", {}) == {"stopping": True}
-        ev.until(lambda n, d: n == "state" and not d["running"])
-        took = time.monotonic() - t
+        took = ui.stop(sid, ev)
         seen = ev.seen
     assert took < 2.0, took
     result = records(seen, "tool_result")[-1]
@@ -149,10 +146,7 @@ def test_stop_during_a_model_call_that_has_not_answered(ui, fake):
         while not fake.requests and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.2)
-        t = time.monotonic()
-        ui.ok("POST", f"/api/chats/{sid}/cancel", {})
-        ev.until(lambda n, d: n == "state" and not d["running"])
-        took = time.monotonic() - t
+        took = ui.stop(sid, ev)
     assert took < 2.0, took
     detail = ui.ok("GET", f"/api/chats/{sid}")
     assert detail["records"][-1]["type"] == "done" and detail["records"][-1]["reason"] == "cancelled"
@@ -191,10 +185,7 @@ def test_stop_while_the_reply_streams(ui, fake):
     sid = start(ui)
     with ui.events(sid) as ev:
         ev.until(lambda n, d: n == "delta" and d["text"])
-        t = time.monotonic()
-        ui.ok("POST", f"/api/chats/{sid}/cancel", {})
-        ev.until(lambda n, d: n == "state" and not d["running"])
-        took = time.monotonic() - t
+        took = ui.stop(sid, ev)
     assert took < 2.0, took
     last = ui.ok("GET", f"/api/chats/{sid}")["records"][-1]
     assert last["type"] == "done" and last["reason"] == "cancelled"

@@ -36,10 +36,7 @@ def test_stop_in_the_pause_between_retries(home, target, wait):
                 time.sleep(0.02)
             assert fake.requests
             time.sleep(0.3)          # the 529 is read and the pause begun (no event says so)
-            t = time.monotonic()
-            assert ui.ok("POST", f"/api/chats/{sid}/cancel", {}) == {"stopping": True}
-            ev.until(lambda n, d: n == "state" and not d["running"])
-            took = time.monotonic() - t
+            took = ui.stop(sid, ev)
             seen = ev.seen
         assert took < 2.0, took
         assert records(seen, "done")[-1]["reason"] == "cancelled"

@@ -152,6 +152,14 @@ class UI:
     def events(self, sid, timeout=60):
         return Events(self, sid, timeout)
 
+    def stop(self, sid, ev):
+        """Press Stop on the running conversation whose stream `ev` follows: the seconds until
+        its run ended."""
+        t = time.monotonic()
+        assert self.ok("POST", f"/api/chats/{sid}/cancel", {}) == {"stopping": True}
+        ev.until(lambda name, data: name == "state" and not data["running"])
+        return time.monotonic() - t
+
     def wait_idle(self, sid, timeout=60):
         """Read the conversation's stream until its run has ended; return every event seen."""
         with self.events(sid, timeout) as ev:
