@@ -14,6 +14,7 @@ import threading
 from overlord import ops
 from overlord import text as T
 from overlord.errors import OverlordError, UsageError
+from overlord.ops import mcp_config
 from overlord.ops import patch as diffs
 from overlord.web import settings as S
 
@@ -504,6 +505,26 @@ def chat_message(app, req, sid):
 
 def chat_cancel(app, req, sid):
     return app.chats.cancel(sid)
+
+
+def chat_approval(app, req, sid):
+    """{call, fingerprint, allow}: decide the call waiting at the approval gate (409 when
+    nothing waits, when it names another call, or when that call was decided already)."""
+    return app.chats.decide(sid, req.body or {})
+
+
+# -- connectors ---------------------------------------------------------------------------------------
+
+SERVER_SHOWN = ("name", "transport", "command", "args", "url")
+
+
+def connectors(app, req):
+    """The configured connectors: `connectors` for the welcome screen's checkboxes, `servers`
+    (the command line or the URL, masked) for Settings, and the approval mode; nothing secret.
+    They are configured with `overlord mcp`, not here."""
+    listed = mcp_config.mcp_list()
+    return {"connectors": ops.connector_list(), "approval": listed["approval"],
+            "servers": [{k: s[k] for k in SERVER_SHOWN if k in s} for s in listed["servers"]]}
 
 
 # -- the audit log ------------------------------------------------------------------------------------

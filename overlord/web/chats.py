@@ -9,7 +9,14 @@ transcript), streamed text deltas, and the run's end. A page that connects gets 
 live events from that point, so a reload or a server restart rebuilds the conversation exactly
 from its transcript. Rewind, fork, commit and discard reset the channel, and every open page
 takes a fresh snapshot.
+
+The approval gate: a connector tool that is not read-only asks before it runs. The run's
+approver publishes the request on the channel (an "approval" event, and `pending` in every
+snapshot while it waits, so a reload still shows the card) and waits on the channel's
+condition until a person decides (POST .../approval: exactly that call and fingerprint, once)
+or the run is stopped (the approver raises Cancelled).
 """
+import re
 import threading
 import time
 
@@ -22,6 +29,8 @@ AUDIT = "/audit"
 OUTPUT_CHARS = 16000          # a tool's output as the page shows it (the transcript keeps all)
 HEARTBEAT = 15.0              # seconds between keep-alive comments on an idle stream
 START_WAIT = 120.0            # how long a POST waits for the session to open
+MAX_CONNECTORS = 32           # names one conversation may be granted
+FINGERPRINT = re.compile(r"^[0-9a-f]{64}$")
 
 
 class Channel:
@@ -34,6 +43,9 @@ class Channel:
         self.partial = {"text": "", "thinking": ""}
         self.count = 0            # the transcript's length, as far as this run has written it
         self.last = None          # how the last run here ended
+        self.pending = None       # the approval request the run waits on (its view), or None
+        self.answer = None        # the decision given for it, until the approver takes it
+        self.decided = {}         # call id -> allow, for the calls decided in this run
 
     def push(self, name, data):
         """With the lock held: publish one event."""
@@ -49,6 +61,7 @@ class Channel:
         self.offset, self.events = self.end, []
         self.run, self.count, self.last = stop, count, None
         self.partial = {"text": "", "thinking": ""}
+        self.pending, self.answer, self.decided = None, None, {}
         self.push("state", {"running": True})
 
 
@@ -84,6 +97,7 @@ class Chats:
                 "created": meta.get("created"), "target": meta.get("target"),
                 "provider": endpoint.get("provider"), "model": agent.get("model"),
                 "audit": bool(agent.get("audit")), "grants": meta.get("grants"),
+                "connectors": _granted(meta),
                 "running": bool(ch and ch.run), "last": ch.last if ch else None}
 
     def detail(self, sid):
@@ -91,8 +105,9 @@ class Chats:
         ch = self.channel(sid)
         with ch.cond:
             records = ops.transcript(sid)
-            partial = _partial(ch, records)
-        return {"chat": self.summary(session.meta), "records": views(records), "partial": partial}
+            partial, pending = _partial(ch, records), ch.pending
+        return {"chat": self.summary(session.meta), "records": views(records), "partial": partial,
+                "pending": pending}
 
     # -- starting, continuing, stopping ---------------------------------------------------------
 
@@ -111,6 +126,7 @@ class Chats:
         if model is not None and (not isinstance(model, str) or len(model) > 200):
             raise S.Invalid("model", "model must be a model id")
         folder = S.check_folder(body.get("folder") or cfg["folder"])
+        connectors = _connectors(body)
         sandbox = cfg["sandbox"]
         stop = ops.Cancel()
         opened = threading.Event()          # set by the first transcript event, or the end
@@ -130,7 +146,7 @@ class Chats:
                     base_url=prof["base_url"] or None, headers=prof["headers"] or None,
                     knobs=prof["knobs"], system=prof["system"] or None, jail=sandbox["jail"],
                     net=sandbox["net"], audit=audit, on_event=on_event, on_delta=on_delta,
-                    cancel=stop))
+                    cancel=stop, connectors=connectors, approver=self.approver))
             opened.set()
         threading.Thread(target=work, name="overlord-chat", daemon=True).start()
         opened.wait(START_WAIT)
@@ -157,7 +173,8 @@ class Chats:
 
         def work():
             self._drive(box, stop, lambda on_event, on_delta: ops.resume(
-                sid, note, on_event=on_event, on_delta=on_delta, cancel=stop))
+                sid, note, on_event=on_event, on_delta=on_delta, cancel=stop,
+                approver=self.approver))
             started.set()
         threading.Thread(target=work, name="overlord-chat", daemon=True).start()
         started.wait(START_WAIT)
@@ -171,7 +188,67 @@ class Chats:
         if stop is None:
             return {"stopping": False}
         stop.set()
+        with ch.cond:
+            ch.cond.notify_all()          # an approver waiting at the gate sees it at once
         return {"stopping": True}
+
+    # -- the approval gate ----------------------------------------------------------------------
+
+    def approver(self, request, cancel):
+        """ops' approver for a run of this face: show the request, wait for a person's
+        decision (or the run's cancel), return it as an ops.Decision."""
+        ch = self.channel(request.sid)
+        with ch.cond:
+            ch.pending, ch.answer = pending_view(request), None
+            ch.push("approval", ch.pending)
+
+        def wake():
+            with ch.cond:
+                ch.cond.notify_all()
+        try:
+            with cancel.on_set(wake), ch.cond:
+                while ch.answer is None and not cancel.is_set():
+                    ch.cond.wait()
+                answer = ch.answer
+        finally:
+            with ch.cond:
+                left = ch.pending
+                ch.pending, ch.answer = None, None
+                if left is not None:      # stopped, not decided: the card goes
+                    ch.push("decision", {"call": left["call"], "allow": None})
+        if answer is None:
+            raise ops.Cancelled()
+        return answer
+
+    def decide(self, sid, body, who=None):
+        """A person's answer to the pending request: it must name exactly that call and its
+        fingerprint (an approval authorizes one call), and a call is decided once."""
+        call, fingerprint, allow = body.get("call"), body.get("fingerprint"), body.get("allow")
+        if not isinstance(call, str) or not call or len(call) > 200:
+            raise UsageError("call is the id of the tool call waiting for approval")
+        if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
+            raise UsageError("fingerprint is the pending call's fingerprint (64 hex digits)")
+        if not isinstance(allow, bool):
+            raise UsageError("allow is true or false")
+        _chat_session(sid)
+        ch = self.channel(sid)
+        with ch.cond:
+            if call in ch.decided:
+                raise OverlordError(f"call {call} was already {'allowed' if ch.decided[call] else 'denied'}: "
+                                    "a call is decided once", http_status=409)
+            pending = ch.pending
+            if pending is None or ch.answer is not None:
+                raise OverlordError("nothing in this conversation is waiting for approval",
+                                    http_status=409)
+            if call != pending["call"] or fingerprint != pending["fingerprint"]:
+                raise OverlordError("that is not the call waiting for approval: an approval "
+                                    "authorizes exactly one call (its id and fingerprint)",
+                                    http_status=409)
+            ch.answer = ops.Decision(allow=allow, by="workspace", note=who)
+            ch.decided[call] = allow
+            ch.pending = None
+            ch.push("decision", {"call": call, "allow": allow})
+        return {"sid": sid, "call": call, "decision": "allow" if allow else "deny"}
 
     def _drive(self, box, stop, call):
         """Run the agent (call(on_event, on_delta)) and publish what it does."""
@@ -213,7 +290,7 @@ class Chats:
         if ch is None:
             return
         with ch.cond:
-            ch.run = None
+            ch.run, ch.pending, ch.answer = None, None, None
             if result is not None:
                 ch.last = {"reason": result.reason, "message": result.message, "turns": result.turns,
                            "usage": result.usage}
@@ -241,10 +318,11 @@ class Chats:
                 seen, pos = len(records), ch.end
                 running = ch.run is not None
                 partial = _partial(ch, records)
-                last = ch.last
+                last, pending = ch.last, ch.pending
             meta = ops.get_session(sid).meta
             yield "snapshot", {"chat": self.summary(meta), "records": views(records),
-                               "running": running, "partial": partial, "last": last}
+                               "running": running, "partial": partial, "last": last,
+                               "pending": pending}
             resync = False
             while not resync and alive():
                 with ch.cond:
@@ -292,11 +370,37 @@ def _partial(ch, records):
     return dict(ch.partial)
 
 
+def _granted(meta):
+    """The connector names a conversation was granted ([] for none)."""
+    names = (meta.get("connectors") or {}).get("names") or []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
 def _chat_session(sid):
     session = ops.get_session(sid)
     if not session.meta.get("agent"):
         raise NotFound(f"session {sid} is not a conversation (it was not opened by the agent)")
     return session
+
+
+def _connectors(body):
+    """The connectors a new conversation is granted: a list of names (ops refuses unknown ones)."""
+    names = body.get("connectors")
+    if names is None:
+        return None
+    if not isinstance(names, list) or len(names) > MAX_CONNECTORS or \
+            not all(isinstance(n, str) and 0 < len(n) <= 64 for n in names):
+        raise S.Invalid("connectors", f"connectors is a list of at most {MAX_CONNECTORS} "
+                                      "connector names")
+    return list(dict.fromkeys(names)) or None
+
+
+def pending_view(request):
+    """An ops.ApprovalRequest as the page shows it (the exact input: the card prints it all)."""
+    return {"sid": request.sid, "turn": request.turn, "call": request.call,
+            "server": request.server, "tool": request.tool, "offered": request.offered,
+            "input": request.input, "fingerprint": request.fingerprint,
+            "readonly_claim": bool(request.readonly_claim), "at": time.time()}
 
 
 def _message(body):
@@ -322,7 +426,7 @@ def views(records):
 def view_of(event, index):
     """A transcript event as the page renders it (None: nothing to show)."""
     kind = event.get("type")
-    if kind in ("system", "request"):
+    if kind in ("system", "request", "tools"):
         return None
     view = {"i": index, "type": kind, "at": event.get("at")}
     if kind == "task":
@@ -338,6 +442,7 @@ def view_of(event, index):
     elif kind == "tool_call":
         view.update({k: event.get(k) for k in ("turn", "call", "tool", "summary", "refused")})
         view["input"] = _short_input(event.get("input"))
+        view["connector"] = _connector(event)
     elif kind == "tool_result":
         result = event.get("result") or {}
         content = result.get("content") or ""
@@ -346,7 +451,19 @@ def view_of(event, index):
         view.update({k: event.get(k) for k in ("turn", "call", "tool", "exit_code", "layer", "paths",
                                                "truncated", "timed_out", "cancelled", "ms", "not_run")})
         view.update(output=content[:OUTPUT_CHARS], clipped=len(content) > OUTPUT_CHARS,
-                    is_error=bool(result.get("is_error")))
+                    is_error=bool(result.get("is_error")), connector=_connector(event))
+    elif kind == "connectors":
+        view.update(servers=event.get("servers") or {}, errors=event.get("errors") or [])
+    elif kind == "approval_requested":
+        # the exact input, whole: the person decides on what will be sent
+        view.update({k: event.get(k) for k in ("turn", "call", "server", "tool", "offered", "input",
+                                               "fingerprint", "readonly_claim")})
+    elif kind == "approval":
+        view.update({k: event.get(k) for k in ("turn", "call", "fingerprint", "by", "note", "mode")})
+        view["allow"] = bool(event.get("allow"))
+    elif kind == "connector_error":
+        view.update({k: event.get(k) for k in ("turn", "call", "server")})
+        view["message"] = event.get("message") if isinstance(event.get("message"), str) else None
     elif kind in ("error", "done"):
         # the reason a run failed is the point of these: its message is the provider's or the
         # session's own line (`cannot reach 127.0.0.1:11434: connection refused`)
@@ -356,6 +473,19 @@ def view_of(event, index):
     else:
         view.update({k: v for k, v in event.items() if k not in ("message", "results", "type", "at")})
     return view
+
+
+def _connector(event):
+    """{server, tool, fingerprint} of a connector's call (a result's also sha256 and size),
+    None for a built-in tool."""
+    c = event.get("connector")
+    if not isinstance(c, dict):
+        return None
+    out = {k: c.get(k) for k in ("server", "tool", "fingerprint")}
+    for k in ("sha256", "size"):
+        if c.get(k, event.get(k)) is not None:
+            out[k] = c.get(k, event.get(k))
+    return out
 
 
 def _short_input(value):

@@ -55,6 +55,8 @@ ROUTES = {
     ("GET", ("api", "chats", S_ID)): api.chat,
     ("POST", ("api", "chats", S_ID, "message")): api.chat_message,
     ("POST", ("api", "chats", S_ID, "cancel")): api.chat_cancel,
+    ("POST", ("api", "chats", S_ID, "approval")): api.chat_approval,
+    ("GET", ("api", "connectors")): api.connectors,
     ("GET", ("api", "chats", S_ID, "events")): "events",
     ("GET", ("api", "settings")): api.get_settings,
     ("PUT", ("api", "settings")): api.put_settings,
