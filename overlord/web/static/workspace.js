@@ -18,6 +18,11 @@
     error: "The run failed",
   };
   const NO_KEY = "no API key yet: add one in Settings, or choose the Demo provider there (no key needed)";
+  const APPROVAL_WORDS = {
+    ask: "ask: a tool the server does not declare read-only waits for your Allow / Deny",
+    auto: "auto: every tool runs without asking",
+    readonly: "readonly: only tools the server declares read-only run; every action is refused",
+  };
 
   const state = {settings: null, chats: [], sid: null, chat: null, source: null, running: false,
                  session: null, inspectorTimer: null, listTimer: null};
@@ -26,6 +31,7 @@
   class ChatView {
     constructor(el) {
       this.el = el; this.cards = new Map(); this.live = null; this.frame = 0; this.running = false;
+      this.approvals = new Map(); this.readonly = new Map(); this.granted = [];
       this.indicator = h("div", {class: "working", role: "status", "aria-label": "the agent is working"},
                          h("span"), h("span"), h("span"));
     }
@@ -33,6 +39,9 @@
     reset() {
       for (const node of [...this.el.children]) if (node !== welcome) node.remove();
       this.cards.clear();
+      this.approvals.clear();
+      this.readonly.clear();
+      this.granted = [];
       this.live = null;
       this.lastError = null;
     }
@@ -134,6 +143,12 @@
         case "rewind": this.note(`Rewound to savepoint @${r.to}: what came after was undone.`); break;
         case "fork": this.note(`Forked from ${r.from} at savepoint @${r.savepoint}.`); break;
         case "done": this.done(r); break;
+        case "connectors": this.connectors(r); break;
+        case "approval_requested": this.approval(r, false); break;
+        case "approval": this.resolved(r); break;
+        case "connector_error":
+          this.note(`Connector ${r.server || "?"} failed${r.message ? `: ${r.message}` : ""}. The agent was told; the run goes on.`, "error");
+          break;
         default: break;
       }
     }
@@ -145,8 +160,12 @@
       const files = h("span", {class: "tool-files"});
       const body = h("div", {class: "tool-body"});
       if (r.refused) body.append(h("pre", {class: "tool-output error"}, r.refused));
-      const card = h("details", {class: "tool", dataset: {call: r.call || ""}},
-        h("summary", {}, h("span", {class: "tool-name"}, r.tool), h("span", {class: "tool-summary", title: inner}, inner), files, status),
+      /* a connector's tool: labelled with the server that serves it (it runs outside the sandbox) */
+      const c = r.connector;
+      const label = c ? h("span", {class: "tool-name connector-name", title: `${r.tool} on the connector ${c.server}, outside the sandbox`},
+                          `${c.server} \u00b7 ${c.tool}`) : h("span", {class: "tool-name"}, r.tool);
+      const card = h("details", {class: `tool${c ? " connector-tool" : ""}`, dataset: {call: r.call || ""}},
+        h("summary", {}, label, h("span", {class: "tool-summary", title: inner}, inner), files, status),
         body);
       this.cards.set(r.call, {card, status, files, body});
       this.add(card);
@@ -170,6 +189,101 @@
       if (paths.length) c.body.append(h("div", {class: "tool-paths"}, paths.map((p) => h("span", {}, p))));
       if (r.output) c.body.append(h("pre", {class: `tool-output ${r.is_error ? "error" : ""}`}, r.output + (r.clipped ? "\n[\u2026 shortened here; the transcript keeps it all]" : "")));
       else c.body.append(h("p", {class: "muted small"}, "no output"));
+      const k = r.connector;
+      if (k && k.sha256) {
+        c.body.append(h("p", {class: "muted small connector-record"},
+          `Served by ${k.server}, outside the sandbox; recorded in the audit chain: sha256 ${k.sha256.slice(0, 16)}\u2026, ${k.size} bytes.`));
+      }
+    }
+
+    /* the granted connectors, as the run recorded them; each tool's own read-only claim kept */
+    connectors(r) {
+      const servers = Object.entries(r.servers || {});
+      this.granted = servers.map(([name]) => name);
+      const parts = servers.map(([name, s]) => {
+        const tools = s.tools || [];
+        for (const t of tools) this.readonly.set(`${name}\u0000${t.tool}`, !!t.readonly);
+        const withheld = tools.filter((t) => t.withheld).length, offered = tools.length - withheld;
+        return `${name} (${offered} tool${offered === 1 ? "" : "s"}${withheld ? `, ${withheld} withheld` : ""})`;
+      });
+      if (parts.length) this.note(`Connectors: ${parts.join(", ")}. They run outside the sandbox; an action asks you first.`, "connectors");
+      const errors = r.errors || [];
+      for (const e of Array.isArray(errors) ? errors : Object.entries(errors).map(([server, message]) => ({server, message}))) {
+        const line = typeof e === "string" ? e : `${e.server || e.name || "?"}: ${e.message || e.error || ""}`;
+        this.note(`Connector unavailable: ${line}`, "error");
+      }
+    }
+
+    /* a call waiting at the approval gate: the server, the tool, the exact input (text, never markup) */
+    approval(r, pending) {
+      let a = this.approvals.get(r.call);
+      if (a && a.done) return;
+      if (!a) {
+        const claim = r.readonly_claim !== undefined && r.readonly_claim !== null ? !!r.readonly_claim
+          : !!this.readonly.get(`${r.server}\u0000${r.tool}`);
+        let input;
+        try { input = JSON.stringify(r.input === undefined ? {} : r.input, null, 2); } catch (e) { input = String(r.input); }
+        const allow = h("button", {class: "button primary small", type: "button"}, "Allow");
+        const deny = h("button", {class: "button ghost danger-text small", type: "button"}, "Deny");
+        const actions = h("div", {class: "approval-actions", hidden: true}, allow, deny);
+        const status = h("p", {class: "approval-status small", role: "status"});
+        const el = h("section", {class: "approval", dataset: {call: r.call || ""}, "aria-label": "approval needed"},
+          h("p", {class: "approval-head"}, h("strong", {}, "Approval needed"), " \u00b7 ",
+            h("span", {class: "approval-server"}, r.server || "?"), " wants to run ",
+            h("code", {class: "approval-tool"}, r.tool || "?")),
+          h("p", {class: "approval-claim small"}, `The server says this tool is read-only: ${claim ? "yes (but its claim is not trusted here)" : "no"}.`),
+          h("pre", {class: "approval-input"}, input),
+          h("p", {class: "approval-warn small"}, "It runs on this machine, outside the sandbox: Discard cannot undo what it does."),
+          actions, status);
+        a = {el, actions, status, allow, deny, r, done: false, pending: null};
+        allow.addEventListener("click", () => decide(a, true));
+        deny.addEventListener("click", () => decide(a, false));
+        this.approvals.set(r.call, a);
+        this.add(el);
+      }
+      const tool = this.cards.get(r.call);
+      if (tool && tool.status.textContent === "running") { tool.status.textContent = "asks you"; tool.status.className = "tool-status skip"; }
+      if (pending) {
+        a.pending = r;
+        a.actions.hidden = false;
+        a.allow.disabled = a.deny.disabled = false;
+        a.status.textContent = "";
+        this.follow();
+      }
+    }
+
+    /* the server answered a decision (or the run stopped before one) */
+    decision(d) {
+      const a = this.approvals.get(d.call);
+      if (!a || a.done) return;
+      a.pending = null;
+      a.actions.hidden = true;
+      a.status.textContent = d.allow === null || d.allow === undefined ? "Stopped before a decision: the call did not run."
+        : d.allow ? "Allowed. Running\u2026" : "Denied.";
+    }
+
+    /* the decision as recorded: the card becomes one line */
+    resolved(r) {
+      const a = this.approvals.get(r.call);
+      const card = this.cards.get(r.call);
+      const server = a ? a.r.server : null, tool = a ? a.r.tool : null;
+      const who = r.by === "workspace" ? "you" : r.by === "terminal" ? "the terminal" : r.by || "?";
+      const what = server ? `${server} \u00b7 ${tool}` : card ? card.card.querySelector(".tool-name").textContent : "a connector call";
+      /* asked: the person's (or the terminal's) answer; unasked: the server's read-only claim or the mode */
+      const verdict = a ? `${r.allow ? "allowed" : "denied"} by ${who}` : r.allow ? `ran without asking: ${r.by}` : `refused: ${r.by}`;
+      const line = h("div", {class: `approval-line ${r.allow ? "allowed" : "denied"}${a ? " asked" : ""}`, dataset: {call: r.call || ""}},
+        h("span", {class: "tool-name connector-name"}, what), " ",
+        h("span", {class: "approval-verdict"}, verdict),
+        r.note && r.by !== "workspace" ? h("span", {class: "muted small"}, ` \u00b7 ${r.note}`) : null);
+      if (a) {
+        a.done = true;
+        if (a.r.input !== undefined) {
+          let input;
+          try { input = JSON.stringify(a.r.input, null, 2); } catch (e) { input = String(a.r.input); }
+          line.append(h("details", {class: "approval-what"}, h("summary", {}, "the input"), h("pre", {class: "approval-input"}, input)));
+        }
+        a.el.replaceWith(line);
+      } else this.add(line);
     }
 
     done(r) {
@@ -226,6 +340,7 @@
       listen(sid);
     } else {
       history.replaceState(null, "", "/");
+      for (const box of document.querySelectorAll("#connector-boxes input")) box.checked = false;
       setRunning(false);
       header(null);
       composerFor(null);
@@ -241,8 +356,9 @@
     on("snapshot", (s) => {
       view.reset();
       state.chat = s.chat;
-      header(s.chat);
       for (const r of s.records) view.record(r);
+      if (s.pending) view.approval(s.pending, true);
+      header(s.chat);
       if (s.partial) {
         if (s.partial.thinking) view.delta("thinking", s.partial.thinking);
         if (s.partial.text) view.delta("text", s.partial.text);
@@ -254,9 +370,12 @@
     });
     on("record", (r) => {
       view.record(r);
+      if (r.type === "connectors" && state.chat) header(state.chat);
       if (r.type === "tool_result" && r.paths && r.paths.length) laterInspector(200);
     });
     on("delta", (d) => view.delta(d.kind, d.text));
+    on("approval", (p) => view.approval(p, true));
+    on("decision", (d) => view.decision(d));
     on("restart", () => view.restart());
     on("state", (s) => {
       setRunning(s.running);
@@ -274,7 +393,9 @@
     $("chat-title").textContent = chat.title;
     const grants = chat.grants || {};
     const sandbox = [grants.jail ? "jailed" : "not jailed", grants.net === "host" ? "host network" : "offline"].join(", ");
-    $("chat-sub").textContent = `${chat.model || "?"} \u00b7 ${(state.settings && state.settings.labels[chat.provider]) || chat.provider || ""} \u00b7 ${sandbox} \u00b7 ${chat.target}`;
+    const granted = chat.connectors && chat.connectors.length ? chat.connectors : view.granted;
+    const connectors = granted.length ? ` \u00b7 connectors: ${granted.join(", ")}` : "";
+    $("chat-sub").textContent = `${chat.model || "?"} \u00b7 ${(state.settings && state.settings.labels[chat.provider]) || chat.provider || ""} \u00b7 ${sandbox}${connectors} \u00b7 ${chat.target}`;
   }
 
   function modelLine(s) {
@@ -332,7 +453,10 @@
         setRunning(true);
         let res;
         try {
-          res = await api("POST", "/api/chats", {message: text});
+          const body = {message: text};
+          const connectors = [...document.querySelectorAll("#connector-boxes input:checked")].map((x) => x.value);
+          if (connectors.length) body.connectors = connectors;
+          res = await api("POST", "/api/chats", body);
         } catch (e) {
           pending.remove();
           welcome.hidden = false;
@@ -353,6 +477,20 @@
       showError(e.message, e.status === 409 || e.status === 400);
     } finally {
       $("send").disabled = false;
+    }
+  }
+
+  /* Allow / Deny: exactly the call waiting (its id and fingerprint), once */
+  async function decide(a, allow) {
+    const p = a.pending;
+    if (!p || !state.sid) return;
+    a.allow.disabled = a.deny.disabled = true;
+    a.status.textContent = allow ? "Allowing\u2026" : "Denying\u2026";
+    try {
+      await api("POST", `/api/chats/${state.sid}/approval`, {call: p.call, fingerprint: p.fingerprint, allow});
+    } catch (e) {
+      a.status.textContent = e.message;
+      if (e.status !== 409) a.allow.disabled = a.deny.disabled = false;
     }
   }
 
@@ -547,6 +685,47 @@
     const keyNote = s.keys[s.provider] || !s.needs_key.includes(s.provider) ? "" : ` \u00b7 ${NO_KEY}`;
     $("welcome-model").textContent = `${modelLine(s)} \u00b7 tools ${sandbox}${keyNote}`;
     if (!state.sid) header(null);
+    loadConnectors();
+  }
+
+  /* the configured connectors: one checkbox each on the welcome screen (granted per conversation) */
+  async function connectorData() {
+    try { state.connectors = await api("GET", "/api/connectors"); state.connectorError = null; }
+    catch (e) { state.connectors = null; state.connectorError = e.message; }
+    return state.connectors;
+  }
+
+  const ADD_HINT = ["No connectors configured. Add one on this machine with ", h("code", {}, "overlord mcp add NAME --command CMD"),
+                    " (or ", h("code", {}, "--url URL"), "), then it shows here."];
+
+  async function loadConnectors() {
+    const checked = new Set([...document.querySelectorAll("#connector-boxes input:checked")].map((x) => x.value));
+    const data = await connectorData();
+    const boxes = clear($("connector-boxes"));
+    $("welcome-connectors").hidden = false;
+    if (!data) { boxes.append(h("p", {class: "muted small"}, `Connectors could not be read: ${state.connectorError}`)); return; }
+    if (!data.connectors.length) { boxes.append(h("p", {class: "muted small connector-none"}, ADD_HINT)); return; }
+    for (const c of data.connectors) {
+      const id = `connector-${c.name}`;
+      boxes.append(h("label", {class: "connector-box", for: id},
+        h("input", {type: "checkbox", id, value: c.name, checked: checked.has(c.name)}),
+        h("span", {class: "connector-box-name"}, c.name),
+        h("span", {class: "muted small"}, `${c.transport}${c.approval ? ` \u00b7 approval: ${c.approval}` : ""}`)));
+    }
+  }
+
+  async function fillConnectors() {
+    const data = await connectorData();
+    const list = clear($("s-connectors"));
+    const mode = $("s-approval");
+    if (!data) { list.append(h("li", {class: "muted small"}, `Connectors could not be read: ${state.connectorError}`)); mode.textContent = ""; return; }
+    if (!data.servers.length) list.append(h("li", {class: "muted small"}, ADD_HINT));
+    for (const c of data.servers) {
+      const where = c.transport === "http" ? c.url : [c.command, ...(c.args || [])].filter(Boolean).join(" ");
+      list.append(h("li", {class: "connector-row"}, h("span", {class: "connector-box-name"}, c.name),
+        h("span", {class: "pill"}, c.transport), h("code", {class: "connector-where", title: where || ""}, where || "")));
+    }
+    mode.textContent = `Approval mode: ${APPROVAL_WORDS[data.approval] || data.approval}.`;
   }
 
   async function openSettings() {
@@ -568,6 +747,7 @@
     clearErrors();
     fillProfile();
     fillCountersign();
+    fillConnectors();
     if (!dialog.open) dialog.showModal();
     loadModels();
     loadCsModels();
