@@ -6,9 +6,9 @@ library's http.server, calling overlord.ops in-process.
     api.py       the JSON API over overlord.ops (sessions, actions, blame, settings, models,
                  the content gate, reviews, revert, the audit log); per-file diffs come from
                  overlord.ops.patch (staged) and ops.committed_diff (committed)
-    chats.py     conversations: agent runs in threads, their live events (server-sent events)
+    chats.py     conversations: agent runs in threads, their live events (server-sent events);
+                 Stop sets the run's ops.Cancel, which the provider HTTP layer honours
     reviews.py   second-model reviews (ops.review) in threads, their state for the pages to poll
-    stop.py      a Cancel that can interrupt a model call blocked in another thread
     settings.py  the workspace's settings (per-provider profiles), validated, stored 0600
     pages.py     the HTML templates, filled with escaped values and a per-response nonce
     static/      the pages' CSS and JavaScript, as files (no build step, nothing fetched)
