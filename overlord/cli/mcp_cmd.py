@@ -89,7 +89,7 @@ def _connector_parsers(s):
                      "OVERLORD_HOME/mcp-test-NAME.log. A server that fails is one line, exit 1.")
     t.add_argument("name", metavar="NAME", help="a name `overlord mcp list` shows")
     t.add_argument("--timeout", type=float, default=20.0, metavar="SECONDS",
-                   help="how long the server may take to start and answer (default: 20)")
+                   help="how long the server may take to start (default: 20)")
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
     rm = s.add_parser("rm", help="remove a configured connector",
