@@ -491,3 +491,13 @@ def test_flatten_summarizes_every_part():
                                  "[resource link: y file:///y [fake] (?)]",
                                  "[hologram content part]", "[malformed content part]"]
     assert client.flatten([], {"a": 1}) == '{"a":1}'
+
+
+def test_mcp_name_header_values_round_trip_through_the_servers_decoder():
+    from overlord.agent.connectors.http import header_value
+    from overlord.mcp.protocol import _header_value
+    assert header_value("get-sum") == "get-sum"
+    for name in ("naïve", " padded", "line\nbreak", "=?base64?eA==?="):
+        sent = header_value(name)
+        assert sent.startswith("=?base64?") and sent.isascii() and "\n" not in sent
+        assert _header_value(sent) == name
