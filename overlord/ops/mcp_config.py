@@ -8,6 +8,7 @@ import os
 
 from overlord.agent.connectors import config, names
 from overlord.errors import OverlordError, UsageError
+from overlord.trust import audit
 from overlord.txn import store
 
 FLAGS = {"name": "NAME", "command": "--command", "args": "--arg", "env": "--env",
@@ -50,10 +51,21 @@ def _server(name, command, args, env, url, headers):
         raise UsageError(f"{FLAGS.get(exc.field, exc.field)}: {exc.reason}") from None
 
 
+def _recorded(change, **details):
+    """A configuration change is an audit act (connector.config): what changed, never a value
+    of an env entry or a header. The chain must be writable before the change is made."""
+    audit.ready()
+    return lambda **more: audit.append("connector.config", change=change, **details, **more)
+
+
 def mcp_add(name, *, command=None, args=(), env=(), url=None, headers=(), replace=False):
     """Configure a server; returns it masked."""
     server = _server(name, command, args, env, url, headers)
+    record = _recorded("add", name=name, transport=server.transport, replace=bool(replace),
+                       command=server.command, args=list(server.args), url=config.mask_url(server.url)
+                       if server.url else None, env=sorted(server.env), headers=sorted(server.headers))
     config.add(server, replace=replace)
+    record()
     return server.masked()
 
 
@@ -66,14 +78,19 @@ def mcp_list():
 
 def mcp_remove(name):
     """Forget a server; returns it masked."""
-    return config.remove(name).masked()
+    record = _recorded("remove", name=name)
+    removed = config.remove(name).masked()
+    record()
+    return removed
 
 
 def mcp_approval(mode=None):
     """The approval mode; with mode, set it first. {"approval", "was"}."""
     if mode is None:
         return {"approval": config.load().approval, "was": None}
+    record = _recorded("approval", approval=mode)
     was = config.set_approval(mode)
+    record(was=was)
     return {"approval": mode, "was": was}
 
 

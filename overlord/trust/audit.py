@@ -45,6 +45,7 @@ ACTIONS = (
     "session.timeout", "session.limit", "session.needs_review",
     "review.verdict", "policy.change", "audit.checkpoint",
     "connector.call", "connector.approval_requested", "connector.decision", "connector.result",
+    "connector.config",
 )
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 
