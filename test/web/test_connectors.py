@@ -226,6 +226,31 @@ def test_stop_at_the_gate_ends_the_run_within_two_seconds(gated):
     assert decide(ui, sid, pending, True).status == 409
 
 
+def test_stop_during_a_connector_call_ends_the_run_within_two_seconds(home, target, tmp_path):
+    require_kernel()
+    configure(home)
+    slow = {"name": "mcp__everything__trigger-long-running-operation", "input": {"duration": 60, "steps": 60}}
+    ui = serve(home, target, tmp_path, script({"text": "a long one", "tool_calls": [slow]}, {"text": "never"}))
+    try:
+        sid = start(ui, message="wait for it")
+        with ui.events(sid) as ev:
+            ev.until(lambda n, d: n == "record" and d.get("type") == "approval")   # allowed: it is in flight
+            t = time.monotonic()
+            assert ui.ok("POST", f"/api/chats/{sid}/cancel", {}) == {"stopping": True}
+            ev.until(lambda n, d: n == "state" and not d["running"])
+            took = time.monotonic() - t
+            seen = ev.seen
+        assert took < 2.0, took
+        assert records(seen, "done")[-1]["reason"] == "cancelled"
+        (result,) = records(seen, "tool_result")
+        assert result["cancelled"] and result["is_error"]
+    finally:
+        ui.close()
+    results = [a for a in map(json.loads, (home / "audit.jsonl").read_text().splitlines())
+               if a["action"] == "connector.result"]
+    assert results[-1]["cancelled"] is True
+
+
 # -- Chats' approver on its own --------------------------------------------------------------------
 
 class Request:
