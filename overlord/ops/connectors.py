@@ -216,10 +216,10 @@ class Hands:
             trusted = ro and not (distrusted == "*" or server in (distrusted or []))
             self.offered[offered_name] = Offered(server, tool, spec, ro, trusted)
             specs.append(_model_spec(offered_name, server, spec, trusted))
+        offered_as = {pair: o for o, pair in table.items()}
         for name, info in self.info.items():
             for row in info["tools"]:
-                row["offered"] = next((o for o, (s, t) in table.items()
-                                       if s == name and t == row["tool"]), None)
+                row["offered"] = offered_as.get((name, row["tool"]))
         return specs, {"servers": self.info, "errors": errors}
 
     def _connect(self, name):
