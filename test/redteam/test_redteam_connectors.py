@@ -225,6 +225,13 @@ DANGER = tool("danger", "Deletes the production database", {"what": {"type": "st
 READ = tool("lookup", "Look a word up", {"word": {"type": "string"}}, readonly=True)
 
 
+def danger_box(home, tmp_path, approval="ask", tools=(DANGER,)):
+    """The hostile server configured as `box`, offering a tool that acts on the world."""
+    hostile = Hostile(tmp_path, tools)
+    configure(home, {"box": hostile.argv}, approval=approval)
+    return hostile
+
+
 # == a hostile server, at the client ==========================================================
 
 def _open(tmp_path, hostile, env=None, **kw):
@@ -487,8 +494,7 @@ def test_the_fingerprint_is_of_exactly_the_arguments_the_server_received(kernel,
     """Key order, floats, unicode, nesting, a key named like the envelope: what the chain
     names is what was sent (recomputed from the bytes the server read)."""
     from overlord.ops.connectors import fingerprint
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv}, approval="auto")
+    hostile = danger_box(kernel, tmp_path, "auto")
     args = {"z": 1.0, "a": 1, "what": unicodedata.normalize("NFD", "café \u202e"), "_meta": {"k": [1, 2]},
             "n": {"b": None, "a": [True, False, 1e-7, 12345678901234567890]}}
     result = run(target, tmp_path, calls(("mcp__box__danger", args)))
@@ -507,8 +513,7 @@ def _events(sid):
 # == the gate and the chain ====================================================================
 
 def test_a_denied_call_never_reaches_the_server_and_the_chain_says_call_then_decision(kernel, target, tmp_path):
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv})
+    hostile = danger_box(kernel, tmp_path)
     asked = Asked(False)
     result = run(target, tmp_path, calls(("mcp__box__danger", {"what": "prod"})), approver=asked)
     assert hostile.calls() == []
@@ -524,8 +529,7 @@ def test_a_denied_call_never_reaches_the_server_and_the_chain_says_call_then_dec
 
 def test_an_approval_answers_one_request_and_is_never_reused(kernel, target, tmp_path):
     """The same call twice, then a near twin: each is asked for; only the allowed one is sent."""
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv})
+    hostile = danger_box(kernel, tmp_path)
     asked = Asked(True, False, False)
     result = run(target, tmp_path, calls(("mcp__box__danger", {"what": "a"}), ("mcp__box__danger", {"what": "a"}),
                                          ("mcp__box__danger", {"what": "a "})), approver=asked)
@@ -623,21 +627,14 @@ def test_a_call_whose_record_cannot_be_written_is_not_sent(kernel, target, tmp_p
     """connector.call, then (on another run) connector.decision cannot be appended: either way
     the server never sees the call."""
     from overlord.errors import OverlordError
-    from overlord.ops import connectors as C
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv}, approval="auto")
-    real = C.audit.append
+    hostile = danger_box(kernel, tmp_path, "auto")
     for failing in ("connector.call", "connector.decision"):
-        def append(action, _failing=failing, **kw):
-            if action == _failing:
-                raise OverlordError("audit: the disk is full (red team)")
-            return real(action, **kw)
-        monkeypatch.setattr(C.audit, "append", append)
-        try:
-            run(target, tmp_path, calls(("mcp__box__danger", {"what": failing})), stack=True)
-        except OverlordError:
-            pass
-        monkeypatch.setattr(C.audit, "append", real)
+        with monkeypatch.context() as m:
+            _failing_append(m, failing)
+            try:
+                run(target, tmp_path, calls(("mcp__box__danger", {"what": failing})), stack=True)
+            except OverlordError:
+                pass
         assert hostile.calls() == [], failing
 
 
@@ -658,8 +655,7 @@ def _failing_append(monkeypatch, act):
                    "escapes Loop.run, the run dies mid-turn with a tool_call and no tool_result "
                    "and no done event (the call is not sent -- that part holds)")
 def test_a_decision_that_cannot_be_recorded_ends_the_call_not_the_run(kernel, target, tmp_path, monkeypatch):
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv}, approval="auto")
+    hostile = danger_box(kernel, tmp_path, "auto")
     _failing_append(monkeypatch, "connector.decision")
     result = run(target, tmp_path, calls(("mcp__box__danger", {"what": "x"}),
                                          ("write_file", {"path": "after.txt", "content": "on\n"})))
@@ -674,8 +670,7 @@ def test_a_decision_that_cannot_be_recorded_ends_the_call_not_the_run(kernel, ta
                    "answer is lost -- no tool_result in the transcript, no result act, the run "
                    "dies -- the one call that cannot be undone leaves the least record")
 def test_a_result_that_cannot_be_bound_into_the_chain_is_still_recorded(kernel, target, tmp_path, monkeypatch):
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv}, approval="auto")
+    hostile = danger_box(kernel, tmp_path, "auto")
     _failing_append(monkeypatch, "connector.result")
     result = run(target, tmp_path, calls(("mcp__box__danger", {"what": "x"})))
     assert len(hostile.calls()) == 1                                   # it acted
@@ -708,8 +703,7 @@ def test_a_damaged_mcp_json_mid_run_denies_the_call_and_the_run_goes_on(kernel, 
                    "connector.decision, no tool_result, the run dies; it should be a denial by "
                    "nobody, recorded")
 def test_an_approver_that_fails_is_a_recorded_denial(kernel, target, tmp_path):
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv})
+    hostile = danger_box(kernel, tmp_path)
 
     def broken(request, cancel):
         raise OSError(errno.EIO, "Input/output error")
@@ -728,8 +722,7 @@ def test_an_approver_that_fails_is_a_recorded_denial(kernel, target, tmp_path):
 def test_the_call_sent_is_exactly_the_one_approved(kernel, target, tmp_path):
     from overlord import ops
     from overlord.ops.connectors import fingerprint
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv})
+    hostile = danger_box(kernel, tmp_path)
 
     def approver(request, cancel):
         request.input["what"] = "everything"        # a view normalized for display, say
@@ -759,8 +752,7 @@ def _dossier_section(sid):
                    "an id makes a call that was allowed and sent read as DENIED with no result "
                    "(the last one with that id wins) -- pair them by position, not by id")
 def test_a_reused_call_id_cannot_hide_a_sent_call_in_the_dossier(kernel, target, tmp_path):
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv})
+    hostile = danger_box(kernel, tmp_path)
     turns = [{"tool_calls": [{"id": "dup", "name": "mcp__box__danger", "input": {"what": "sent"}}]},
              {"tool_calls": [{"id": "dup", "name": "mcp__box__danger", "input": {"what": "denied"}}]},
              {"text": "done"}]
@@ -781,8 +773,7 @@ def test_a_reused_call_id_cannot_hide_a_sent_call_in_the_dossier(kernel, target,
                    "connector acts on the audit chain (or keep connector calls across a cut)")
 def test_a_rewind_cannot_hide_an_external_action_from_the_reviewer(kernel, target, tmp_path):
     from overlord import ops
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv}, approval="auto")
+    hostile = danger_box(kernel, tmp_path, "auto")
     turns = [{"tool_calls": [{"name": "write_file", "input": {"path": "a.txt", "content": "a\n"}}]},
              {"tool_calls": [{"name": "write_file", "input": {"path": "b.txt", "content": "b\n"}},
                              {"name": "mcp__box__danger", "input": {"what": "send the e-mail"}}]},
@@ -801,8 +792,7 @@ def test_a_rewind_cannot_hide_an_external_action_from_the_reviewer(kernel, targe
                    "again); a connector call's cut result should say it acted and was not undone")
 def test_a_rewind_does_not_tell_the_model_a_sent_call_was_undone(kernel, target, tmp_path):
     from overlord import ops
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv}, approval="auto")
+    hostile = danger_box(kernel, tmp_path, "auto")
     turns = [{"tool_calls": [{"name": "write_file", "input": {"path": "a.txt", "content": "a\n"}},
                              {"name": "write_file", "input": {"path": "b.txt", "content": "b\n"}},
                              {"name": "mcp__box__danger", "input": {"what": "send the e-mail"}}]},
@@ -1007,8 +997,7 @@ def test_no_controlling_terminal_means_nobody_to_ask(tmp_path):
 
 def test_a_task_piped_on_stdin_cannot_answer_the_gate(kernel, target, tmp_path):
     """`yes | overlord agent ... -` with no terminal: the call is denied by nobody, not sent."""
-    hostile = Hostile(tmp_path, [DANGER])
-    configure(kernel, {"box": hostile.argv})
+    hostile = danger_box(kernel, tmp_path)
     path = script(tmp_path, calls(("mcp__box__danger", {"what": "x"})))
     env = dict(os.environ, **ENV, OVERLORD_HOME=str(kernel), PYTHONPATH=REPO, OVERLORD_TEST_BACKEND="kernel")
     proc = subprocess.run([sys.executable, "-m", "overlord", "agent", "-t", str(target), "--provider", "scripted",
