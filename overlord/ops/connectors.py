@@ -185,7 +185,8 @@ class Hands:
             self.servers[name] = cfg.get(name)
             try:
                 client = self._connect(name)
-                listed[name] = client.list_tools(cancel=self.cancel)
+                listed[name] = client.list_tools(cancel=self.cancel, timeout=_seconds(
+                    "OVERLORD_CONNECTOR_START_TIMEOUT", START_TIMEOUT))
             except mcp_client.ConnectorError as exc:
                 errors[name] = str(exc)
                 self.clients[name] = None
@@ -273,85 +274,119 @@ class Hands:
 
     def call(self, name, args, turn, call_id):
         """Gate, call and record one connector call; an Outcome for the model, never raising
-        for what the server or the gate did (a cancel becomes a cancelled outcome)."""
+        for what the server, the gate or the record did (a cancel is a cancelled outcome).
+        Nothing is sent unless connector.call and an allowing connector.decision are on the
+        chain first; a result the chain cannot take is still the model's, and said so."""
         o = self.offered[name]
         where = self.describe(name, args)
         fp = where["fingerprint"]
-        sid, target = self.session.sid, self.session.target
         try:
-            audit.append("connector.call", sid=sid, target=target, server=o.server, tool=o.tool,
-                         fingerprint=fp, turn=turn, call=call_id, readonly_claim=o.readonly)
+            self._act("connector.call", server=o.server, tool=o.tool, fingerprint=fp, turn=turn,
+                      call=call_id, readonly_claim=o.readonly)
         except OverlordError as exc:
             return self._outcome(f"Not run: the audit chain cannot record this call: {exc}", where, True)
         try:
-            decision = self._decide(o, name, args, turn, call_id, fp)
+            mode, decision = self._decide(o, name, args, turn, call_id, fp)
         except Cancelled:
-            decision = Decision(False, "the operator (stopped the run at the approval gate)")
-            self._decided(turn, call_id, fp, decision, "ask")
+            mode, decision = "ask", Decision(False, "the operator (stopped the run at the approval gate)")
+            self._decided(turn, call_id, fp, decision, mode, quiet=True)
             return self._outcome("Not run: the operator stopped the run while this call waited "
                                  "for approval.", where, True, cancelled=True)
+        try:
+            self._decided(turn, call_id, fp, decision, mode)
+        except OverlordError as exc:
+            return self._outcome(f"Not run: the audit chain cannot record the decision: {exc}",
+                                 where, True)
         if not decision.allow:
             why = f" ({decision.note})" if decision.note else ""
             return self._outcome(f"Denied: {decision.by} did not allow this call to "
                                  f"{o.server}:{o.tool}{why}. It was not sent to the server.", where, True)
+        if fingerprint(o.server, o.tool, args) != fp:       # what is sent is what was approved
+            return self._outcome("Not run: the call changed after it was approved.", where, True)
         return self._send(o, args, turn, call_id, where)
 
-    def _decide(self, o, name, args, turn, call_id, fp):
-        mode = mcp_config.load().approval
-        if o.trusted:
-            decision = Decision(True, f"readOnlyHint (the {o.server} server's own claim)")
-        elif mode == "auto":
-            decision = Decision(True, "mcp.json approval: auto")
-        elif mode == "readonly":
-            decision = Decision(False, "mcp.json approval: readonly",
-                                "only tools the server marks read-only run in this mode")
-        elif self.approver is None:
-            decision = Decision(False, "nobody", "approval: ask, and this run has no one to ask")
-        else:
-            request = ApprovalRequest(self.session.sid, turn, call_id, o.server, o.tool, name,
-                                      args, fp, o.readonly)
-            self.record.record("approval_requested", turn=turn, call=call_id, server=o.server,
-                               tool=o.tool, offered=name, input=args, fingerprint=fp,
-                               readonly_claim=o.readonly)
-            audit.append("connector.approval_requested", sid=self.session.sid,
-                         target=self.session.target, server=o.server, tool=o.tool,
-                         fingerprint=fp, call=call_id)
-            decision = self.approver(request, self.cancel)
-            if not isinstance(decision, Decision):
-                raise TypeError("an approver returns a Decision")
-        self._decided(turn, call_id, fp, decision, mode)
-        return decision
+    def _act(self, action, **details):
+        audit.append(action, sid=self.session.sid, target=self.session.target, **details)
 
-    def _decided(self, turn, call_id, fp, decision, mode):
+    def _decide(self, o, name, args, turn, call_id, fp):
+        """(the approval mode, the Decision). The gate never raises but for a cancel: a config
+        that cannot be read or an approver that fails is a denial by nobody."""
+        try:
+            mode = mcp_config.load().approval
+        except OverlordError as exc:
+            return "unknown", Decision(False, "nobody", f"mcp.json cannot be read: {exc}")
+        if o.trusted:
+            return mode, Decision(True, f"readOnlyHint (the {o.server} server's own claim)")
+        if mode == "auto":
+            return mode, Decision(True, "mcp.json approval: auto")
+        if mode == "readonly":
+            return mode, Decision(False, "mcp.json approval: readonly",
+                                  "only tools the server marks read-only run in this mode")
+        if self.approver is None:
+            return mode, Decision(False, "nobody", "approval: ask, and this run has no one to ask")
+        shown = json.loads(json.dumps(args))           # the approver's own copy: its view is not the call
+        request = ApprovalRequest(self.session.sid, turn, call_id, o.server, o.tool, name, shown,
+                                  fp, o.readonly)
+        self.record.record("approval_requested", turn=turn, call=call_id, server=o.server,
+                           tool=o.tool, offered=name, input=args, fingerprint=fp,
+                           readonly_claim=o.readonly)
+        try:
+            self._act("connector.approval_requested", server=o.server, tool=o.tool,
+                      fingerprint=fp, call=call_id)
+        except OverlordError as exc:
+            return mode, Decision(False, "nobody", f"the audit chain cannot record the request: {exc}")
+        try:
+            decision = self.approver(request, self.cancel)
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a terminal that hung up is a denial, not a dead run
+            return mode, Decision(False, "nobody", f"the approver failed: {type(exc).__name__}: {exc}")
+        if not isinstance(decision, Decision):
+            return mode, Decision(False, "nobody", "the approver gave no decision")
+        return mode, decision
+
+    def _decided(self, turn, call_id, fp, decision, mode, quiet=False):
+        """The decision in the transcript, then on the chain (quiet: a failing chain is let go,
+        for a call that is not sent anyway)."""
         self.record.record("approval", turn=turn, call=call_id, fingerprint=fp,
                            allow=decision.allow, by=decision.by, note=decision.note, mode=mode)
-        audit.append("connector.decision", sid=self.session.sid, target=self.session.target,
-                     fingerprint=fp, call=call_id, decision="allow" if decision.allow else "deny",
-                     approver=decision.by, mode=mode)
+        try:
+            self._act("connector.decision", fingerprint=fp, call=call_id,
+                      decision="allow" if decision.allow else "deny", approver=decision.by, mode=mode)
+        except OverlordError:
+            if not quiet:
+                raise
 
     def _send(self, o, args, turn, call_id, where):
-        sid, target, fp = self.session.sid, self.session.target, where["fingerprint"]
+        fp = where["fingerprint"]
         try:
             client = self.clients.get(o.server) or self._connect(o.server)
             result = client.call_tool(o.tool, args, cancel=self.cancel,
                                       timeout=_seconds("OVERLORD_CONNECTOR_TIMEOUT", CALL_TIMEOUT))
         except Cancelled:
-            audit.append("connector.result", sid=sid, target=target, fingerprint=fp, call=call_id,
-                         cancelled=True)
+            unbound = self._bind(fp, call_id, cancelled=True)
             return self._outcome("Cancelled: the operator stopped the run while this call ran; "
-                                 "the server was told to cancel it, but it may have acted already.",
-                                 where, True, cancelled=True)
+                                 "the server was told to cancel it, but it may have acted already."
+                                 + unbound, where, True, cancelled=True)
         except mcp_client.ConnectorError as exc:
             self._drop(o.server)
             self.record.record("connector_error", turn=turn, call=call_id, server=o.server,
                                message=str(exc))
-            audit.append("connector.result", sid=sid, target=target, fingerprint=fp, call=call_id,
-                         error=str(exc))
-            return self._outcome(f"Connector error: {exc}", where, True)
-        audit.append("connector.result", sid=sid, target=target, fingerprint=fp, call=call_id,
-                     sha256=result.sha256, size=result.size, is_error=result.is_error)
+            unbound = self._bind(fp, call_id, error=str(exc))
+            return self._outcome(f"Connector error: {exc}" + unbound, where, True)
+        unbound = self._bind(fp, call_id, sha256=result.sha256, size=result.size,
+                             is_error=result.is_error)
         where = dict(where, sha256=result.sha256, size=result.size)
-        return self._outcome(result.text, where, result.is_error, truncated=result.truncated)
+        return self._outcome(result.text + unbound, where, result.is_error, truncated=result.truncated)
+
+    def _bind(self, fp, call_id, **details):
+        """connector.result on the chain; '' when bound, else a note for the model (the call
+        acted whatever the chain says: its answer is not lost with the act)."""
+        try:
+            self._act("connector.result", fingerprint=fp, call=call_id, **details)
+        except OverlordError as exc:
+            return f"\n[OVERLORD: the audit chain could not record this result: {exc}]"
+        return ""
 
     def _drop(self, server):
         """A server that failed a call is reconnected at its next call."""

@@ -409,10 +409,6 @@ def test_a_tools_list_that_pages_forever_is_a_clean_error(tmp_path, home):
     assert "pages" in str(err.value) and time.monotonic() - started < 20
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: Hands.start calls list_tools without a timeout, "
-                   "so a server that answers the handshake and never answers tools/list holds "
-                   "the run for CALL_TIMEOUT (120 s) a page, up to PAGES_MAX (100) pages -- the "
-                   "start timeout does not bound it")
 def test_a_tools_list_that_never_answers_is_held_to_the_start_timeout(kernel, target, tmp_path,
                                                                        monkeypatch):
     from overlord import ops
@@ -650,10 +646,6 @@ def _failing_append(monkeypatch, act):
     monkeypatch.setattr(C.audit, "append", append)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: ops/connectors.py Hands._decided's audit.append "
-                   "(connector.decision) is outside call()'s try: when it fails the OverlordError "
-                   "escapes Loop.run, the run dies mid-turn with a tool_call and no tool_result "
-                   "and no done event (the call is not sent -- that part holds)")
 def test_a_decision_that_cannot_be_recorded_ends_the_call_not_the_run(kernel, target, tmp_path, monkeypatch):
     hostile = danger_box(kernel, tmp_path, "auto")
     _failing_append(monkeypatch, "connector.decision")
@@ -665,10 +657,6 @@ def test_a_decision_that_cannot_be_recorded_ends_the_call_not_the_run(kernel, ta
     assert of_type(ev, "done")[0]["reason"] == "end_turn"
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: ops/connectors.py Hands._send's last audit.append "
-                   "(connector.result) is not guarded: when it fails after the server acted, the "
-                   "answer is lost -- no tool_result in the transcript, no result act, the run "
-                   "dies -- the one call that cannot be undone leaves the least record")
 def test_a_result_that_cannot_be_bound_into_the_chain_is_still_recorded(kernel, target, tmp_path, monkeypatch):
     hostile = danger_box(kernel, tmp_path, "auto")
     _failing_append(monkeypatch, "connector.result")
@@ -679,10 +667,6 @@ def test_a_result_that_cannot_be_bound_into_the_chain_is_still_recorded(kernel, 
     assert res["connector"]["fingerprint"]
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: Hands._decide reads mcp.json at every call "
-                   "(mcp_config.load()) outside any guard: a damaged mcp.json mid-run (a person "
-                   "editing it) raises out of Loop.run -- connector.call on the chain with no "
-                   "decision, the run dead; it should deny that call, recorded, and go on")
 def test_a_damaged_mcp_json_mid_run_denies_the_call_and_the_run_goes_on(kernel, target, tmp_path):
     hostile = Hostile(tmp_path, [DANGER])
     path = configure(kernel, {"box": hostile.argv}, approval="auto")
@@ -698,10 +682,6 @@ def test_a_damaged_mcp_json_mid_run_denies_the_call_and_the_run_goes_on(kernel, 
     assert of_type(ev, "done")[0]["reason"] == "end_turn"
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: an approver that fails (the terminal hung up: "
-                   "os.write on /dev/tty raises EIO) propagates out of Hands.call -- no "
-                   "connector.decision, no tool_result, the run dies; it should be a denial by "
-                   "nobody, recorded")
 def test_an_approver_that_fails_is_a_recorded_denial(kernel, target, tmp_path):
     hostile = danger_box(kernel, tmp_path)
 
@@ -714,11 +694,6 @@ def test_an_approver_that_fails_is_a_recorded_denial(kernel, target, tmp_path):
     assert not of_type(ev, "approval")[0]["allow"]
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: Hands._decide hands the approver the very dict it "
-                   "then sends (ApprovalRequest.input is args): an approver or face that touches "
-                   "its view changes the call after it was fingerprinted and approved; _send "
-                   "never re-checks the fingerprint (copy the input for the approver, or refuse "
-                   "when fingerprint(args) != the approved one)")
 def test_the_call_sent_is_exactly_the_one_approved(kernel, target, tmp_path):
     from overlord import ops
     from overlord.ops.connectors import fingerprint
