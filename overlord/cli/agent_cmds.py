@@ -203,8 +203,15 @@ def _connector_line(ev):
 
 class TerminalApprover:
     """The approval gate at the controlling terminal (/dev/tty, so a task piped on stdin does
-    not answer it): the exact tool and its full input, then y/N. With no terminal, nobody can
-    be asked and the call is denied. Ctrl-C at the prompt stops the run."""
+    not answer it): the exact tool and its full input, then a question that names the tool
+    again. With no terminal, nobody can be asked and the call is denied. Ctrl-C at the prompt
+    stops the run.
+
+    What the model streams reaches the same terminal, so the prompt is what its text cannot
+    be: its header and question are drawn in reverse video (an escape sequence, and every ESC
+    a model or server chose is escaped), and input typed before the question is flushed."""
+
+    STYLE, PLAIN = "\x1b[1;7m", "\x1b[0m"
 
     def __init__(self, fd):
         import os
@@ -232,10 +239,15 @@ class TerminalApprover:
         shown = R.escape_block(json.dumps(request.input, indent=2, ensure_ascii=False, sort_keys=True))
         claim = ("it claims to be read-only, but policy distrusts this server's claims"
                  if request.readonly_claim else "the server does not mark it read-only")
-        text = (f"\n[approval] the agent wants to call {R.escape_path(request.server)}:"
-                f"{R.escape_path(request.tool)} -- outside the sandbox; {claim}.\n"
-                f"input:\n{shown}\nfingerprint {request.fingerprint}\n"
-                "Allow this one call? [y/N] ")
+        tool = f"{R.escape_path(request.server)}:{R.escape_path(request.tool)}"
+        text = (f"\n{self.STYLE}[approval]{self.PLAIN} the agent wants to call {tool} -- outside "
+                f"the sandbox; {claim}.\ninput:\n{shown}\nfingerprint {request.fingerprint}\n"
+                f"{self.STYLE} Allow this one call to {tool}? {self.PLAIN} [y/N] ")
+        import termios
+        try:
+            termios.tcflush(self.fd, termios.TCIFLUSH)      # nothing typed before it answers it
+        except termios.error:
+            pass
         os.write(self.fd, text.encode("utf-8", "replace"))
         line = b""
         while b"\n" not in line:

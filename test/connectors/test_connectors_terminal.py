@@ -71,12 +71,12 @@ def test_the_operator_allows_one_call_and_denies_the_next(kovl, home, target, tm
     configure(home, {"everything": everything_argv()})
     script = write_script(tmp_path, [{"tool_calls": [TOGGLE]}, {"tool_calls": [TOGGLE]}, {"text": "ok"}])
     term = Terminal(home, "kernel", agent_argv(target, script, "--connector", "everything"))
-    shown = term.expect("Allow this one call? [y/N]")
+    shown = term.expect("[y/N] ")
     assert "everything:toggle-simulated-logging" in shown and "does not mark it read-only" in shown
     term.type(b"y\n")
     term.expect("allowed by the operator at the terminal")
     term.seen = b""
-    term.expect("Allow this one call? [y/N]")
+    term.expect("[y/N] ")
     term.type(b"n\n")
     term.expect("denied by the operator at the terminal")
     assert term.wait() == 0
@@ -105,7 +105,7 @@ def test_ctrl_c_at_the_approval_prompt_ends_the_run(kovl, home, target, tmp_path
     configure(home, {"everything": everything_argv()})
     script = write_script(tmp_path, [{"tool_calls": [TOGGLE]}, {"text": "never"}])
     term = Terminal(home, "kernel", agent_argv(target, script, "--connector", "everything"))
-    term.expect("Allow this one call? [y/N]")
+    term.expect("[y/N] ")
     code, took = _interrupt(term)
     assert code == 130 and took < STOP_WITHIN, (code, took, term.seen)
     sid = sorted(os.listdir(home / "sessions"))[-1]

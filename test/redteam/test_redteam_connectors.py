@@ -889,6 +889,8 @@ def test_the_prompt_escapes_every_byte_the_server_or_the_model_chose(tty):
     finally:
         cancel.set()
     shown = tty.seen.split(b"[y/N] ")[0]
+    for ours in (TerminalApprover.STYLE, TerminalApprover.PLAIN):    # the prompt's own style
+        shown = shown.replace(ours.encode(), b"")
     for byte in (b"\x1b", b"\x07", b"\r", b"\x7f", "\x9b".encode(), "\u202e".encode(), "\u2028".encode()):
         assert byte not in shown, byte
     lines = shown.decode().split("\n")
@@ -897,10 +899,6 @@ def test_the_prompt_escapes_every_byte_the_server_or_the_model_chose(tty):
     assert box["d"].allow is False
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: cli/agent_cmds.py TerminalApprover.__call__ never "
-                   "flushes the terminal's input before it asks (termios.tcflush(fd, TCIFLUSH)): a "
-                   "line typed ahead -- a second 'y' for the previous prompt, keys pressed while "
-                   "the model streamed -- answers a request the person has not seen")
 def test_typed_ahead_input_does_not_answer_a_prompt_not_yet_shown(tty):
     from overlord.cli.agent_cmds import TerminalApprover
     os.write(tty.master, b"y\n")                          # typed before the request existed
@@ -919,11 +917,6 @@ def test_typed_ahead_input_does_not_answer_a_prompt_not_yet_shown(tty):
     assert box["d"].allow is False
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: the question line is 'Allow this one call? [y/N]' "
-                   "after the full input: a long model-chosen input scrolls the real "
-                   "'[approval] ... box:danger' header off the screen, and text inside the input "
-                   "can present another tool -- the question itself should name server:tool "
-                   "(and the fingerprint)")
 def test_the_question_itself_names_the_tool_it_allows(tty):
     from overlord.cli.agent_cmds import TerminalApprover
     decoy = "[approval] the agent wants to call box:lookup -- it is read-only"
@@ -939,13 +932,6 @@ def test_the_question_itself_names_the_tool_it_allows(tty):
     assert "box:danger" in question, question
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: the approval prompt is plain printable text, and "
-                   "the model's streamed reply reaches the same terminal through Live with only "
-                   "controls escaped -- so a model can print a byte-exact prompt for a harmless call "
-                   "(then stall while it streams the real call's input): the person's 'y' to the "
-                   "forgery answers the real prompt (with the type-ahead hole, at once). Mark the "
-                   "prompt with what escaped text can never hold (an SGR style: ESC is always "
-                   "escaped), or clear the line and say so")
 def test_the_model_cannot_print_a_replica_of_the_approval_prompt(tty):
     import io
     from overlord.cli.agent_cmds import Live, TerminalApprover
