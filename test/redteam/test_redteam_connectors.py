@@ -454,10 +454,6 @@ def test_a_collision_crafted_against_the_hash_suffix_is_refused_naming_both_esca
     assert "collision" in str(err.value) and "\x1b" not in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: names.py _named_like_a_shell misses real host "
-                   "shells: Desktop Commander's start_process ('start' is not in EXEC_VERBS) and "
-                   "ssh_exec ('ssh' is not in COMMAND_WORDS) both take a command line and are "
-                   "offered without the connector_shell grant")
 @pytest.mark.parametrize("name,description,props", [
     ("start_process", "Start a new terminal process with intelligent state detection & early exit "
      "on prompts. Execute commands on the user's machine.", {"command": {"type": "string"},

@@ -63,8 +63,9 @@ def table(tools_by_server, builtins=()):
 # command-ish words beside it (run_command, exec, spawn_process; not run_tests, execute_query).
 SHELL_WORDS = {"shell", "bash", "sh", "zsh", "fish", "ksh", "csh", "tcsh", "powershell", "pwsh",
                "cmd", "terminal", "subprocess", "cmdline", "commandline", "console", "tty",
-               "pty", "repl"}
-EXEC_VERBS = {"exec", "execute", "run", "spawn", "system", "popen", "launch", "invoke", "eval"}
+               "pty", "repl", "ssh", "psexec", "winrm"}
+EXEC_VERBS = {"exec", "execute", "run", "spawn", "system", "popen", "launch", "invoke", "eval",
+              "start"}
 COMMAND_WORDS = {"command", "commands", "cmd", "script", "scripts", "process", "program",
                  "line", "in", "on", "a", "the", "host", "os", "local", "remote", "raw",
                  "arbitrary", "any", "sync", "async", "background", "code"}
