@@ -17,6 +17,7 @@ condition until a person decides (POST .../approval: exactly that call and finge
 or the run is stopped (the approver raises Cancelled).
 """
 import re
+import secrets
 import threading
 import time
 
@@ -45,7 +46,7 @@ class Channel:
         self.last = None          # how the last run here ended
         self.pending = None       # the approval request the run waits on (its view), or None
         self.answer = None        # the decision given for it, until the approver takes it
-        self.decided = {}         # call id -> allow, for the calls decided in this run
+        self.decided = {}         # request token -> allow, for the requests decided in this run
 
     def push(self, name, data):
         """With the lock held: publish one event."""
@@ -224,28 +225,32 @@ class Chats:
         """A person's answer to the pending request: it must name exactly that call and its
         fingerprint (an approval authorizes one call), and a call is decided once."""
         call, fingerprint, allow = body.get("call"), body.get("fingerprint"), body.get("allow")
+        token = body.get("request")
         if not isinstance(call, str) or not call or len(call) > 200:
             raise UsageError("call is the id of the tool call waiting for approval")
         if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
             raise UsageError("fingerprint is the pending call's fingerprint (64 hex digits)")
         if not isinstance(allow, bool):
             raise UsageError("allow is true or false")
+        if token is not None and (not isinstance(token, str) or len(token) > 64):
+            raise UsageError("request is the pending request's token")
         _chat_session(sid)
         ch = self.channel(sid)
         with ch.cond:
-            if call in ch.decided:
-                raise OverlordError(f"call {call} was already {'allowed' if ch.decided[call] else 'denied'}: "
-                                    "a call is decided once", http_status=409)
+            if token in ch.decided:
+                raise OverlordError(f"call {call} was already {'allowed' if ch.decided[token] else 'denied'}: "
+                                    "a request is decided once", http_status=409)
             pending = ch.pending
             if pending is None or ch.answer is not None:
                 raise OverlordError("nothing in this conversation is waiting for approval",
                                     http_status=409)
-            if call != pending["call"] or fingerprint != pending["fingerprint"]:
+            if call != pending["call"] or fingerprint != pending["fingerprint"] or \
+                    token not in (None, pending["request"]):
                 raise OverlordError("that is not the call waiting for approval: an approval "
                                     "authorizes exactly one call (its id and fingerprint)",
                                     http_status=409)
             ch.answer = ops.Decision(allow=allow, by="workspace", note=who)
-            ch.decided[call] = allow
+            ch.decided[pending["request"]] = allow
             ch.pending = None
             ch.push("decision", {"call": call, "allow": allow})
         return {"sid": sid, "call": call, "decision": "allow" if allow else "deny"}
@@ -400,7 +405,8 @@ def pending_view(request):
     return {"sid": request.sid, "turn": request.turn, "call": request.call,
             "server": request.server, "tool": request.tool, "offered": request.offered,
             "input": request.input, "fingerprint": request.fingerprint,
-            "readonly_claim": bool(request.readonly_claim), "at": time.time()}
+            "readonly_claim": bool(request.readonly_claim), "at": time.time(),
+            "request": secrets.token_hex(8)}     # this request, not the model-chosen call id
 
 
 def _message(body):

@@ -994,11 +994,6 @@ def test_hostile_names_results_and_errors_reach_the_terminal_escaped(kernel, tar
     assert m_proc.returncode == 0, m_shown
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: web/chats.py Channel.decided is keyed by the "
-                   "model-chosen call id: when a model reuses an id, the workspace can never decide "
-                   "the second request ('already allowed: a call is decided once', 409) and the run "
-                   "hangs at the gate until Stop -- key it by the request (call id + fingerprint, or "
-                   "a per-request token)")
 def test_the_workspace_can_decide_a_second_request_that_reuses_a_call_id(kernel, target, tmp_path):
     from overlord import ops
     from overlord.ops.connectors import fingerprint

@@ -96,7 +96,8 @@ def approval(ev):
 
 
 def decide(ui, sid, pending, allow, change=None):
-    body = {"call": pending["call"], "fingerprint": pending["fingerprint"], "allow": allow}
+    body = {"call": pending["call"], "fingerprint": pending["fingerprint"], "allow": allow,
+            "request": pending.get("request")}                      # as the page sends it
     body.update(change or {})
     return ui.post(f"/api/chats/{sid}/approval", body)
 
@@ -282,11 +283,14 @@ def test_the_approver_returns_the_decision_for_exactly_its_call(chats):
     with pytest.raises(OverlordError) as exc:
         chats.decide(req.sid, {"call": req.call, "fingerprint": "cd" * 32, "allow": True})
     assert exc.value.http_status == 409
-    assert chats.decide(req.sid, {"call": req.call, "fingerprint": req.fingerprint, "allow": False})
+    token = pending["request"]
+    assert chats.decide(req.sid, {"call": req.call, "fingerprint": req.fingerprint, "allow": False,
+                                  "request": token})
     t.join(5)
     assert box["d"] == ops.Decision(allow=False, by="workspace", note=None)
     with pytest.raises(OverlordError) as exc:
-        chats.decide(req.sid, {"call": req.call, "fingerprint": req.fingerprint, "allow": True})
+        chats.decide(req.sid, {"call": req.call, "fingerprint": req.fingerprint, "allow": True,
+                               "request": token})
     assert exc.value.http_status == 409 and "already denied" in str(exc.value)
 
 

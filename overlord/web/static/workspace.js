@@ -487,7 +487,7 @@
     a.allow.disabled = a.deny.disabled = true;
     a.status.textContent = allow ? "Allowing\u2026" : "Denying\u2026";
     try {
-      await api("POST", `/api/chats/${state.sid}/approval`, {call: p.call, fingerprint: p.fingerprint, allow});
+      await api("POST", `/api/chats/${state.sid}/approval`, {call: p.call, fingerprint: p.fingerprint, request: p.request, allow});
     } catch (e) {
       a.status.textContent = e.message;
       if (e.status !== 409) a.allow.disabled = a.deny.disabled = false;
