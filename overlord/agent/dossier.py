@@ -36,13 +36,15 @@ takes a `render(change) -> text` from its caller.
 """
 import dataclasses
 import json
+import os
 import secrets
 
 from overlord.agent import transcript as T
 from overlord.text import cause_text, escape_block, escape_path, escape_text, finding_line
-from overlord.trust import gate
+from overlord.errors import OverlordError
+from overlord.trust import audit, gate
 from overlord.txn import changes as C
-from overlord.txn import objects
+from overlord.txn import objects, store
 
 PER_FILE = 64 << 10
 TOTAL = 400 << 10
@@ -99,7 +101,7 @@ def build(session, plan, rows, fingerprint, *, render, findings=None, selection=
                     _digest(events, fence) if events else "none: no agent ran in this session "
                     "(see COMMANDS)\n")
     out += _section("EXTERNAL ACTIONS (connector calls: outside the sandbox, not undone by a "
-                    "rollback, not part of the manifest)", _external(meta, events, fence))
+                    "rollback, not part of the manifest)", _external(session, events, fence))
     out += _section(f"MANIFEST ({len(plan)} change{'' if len(plan) == 1 else 's'}; fingerprint "
                     f"{fingerprint})", _manifest(meta, plan, rows, fence))
     out += _section("CONTENT GATE", _findings(findings, fence))
@@ -202,42 +204,69 @@ def _event_line(ev, results):
     return None
 
 
-def _external(meta, events, fence):
-    """Every connector call: server, tool, input, the gate's decision and who made it, what
-    came back (its hash and size, or the error). None happened: say so, and why."""
+def _external(session, events, fence):
+    """Every connector call the session made, from its acts on the audit chain -- the record a
+    rewind does not cut and the model cannot shape -- in order: server and tool, the input
+    (found by its fingerprint in the transcript or a rewound tail), the gate's decision and who
+    made it, what came back (hash and size, or the error)."""
+    meta = session.meta
     if not meta.get("connectors"):
         return "none: this session had no connectors, so nothing acted outside the sandbox\n"
-    decided = {e.get("call"): e for e in events if e.get("type") == "approval"}
-    results = {e.get("call"): e for e in events if e.get("type") == "tool_result" and e.get("connector")}
+    try:
+        acts = [a for a in audit.entries(action="connector") if a.get("sid") == session.sid]
+    except OverlordError as exc:
+        return f"the audit chain cannot be read ({escape_text(str(exc))}): the connector calls are unknown\n"
+    inputs = _inputs(session, events)
+    calls = []                   # [call act, decision act or None, result act or None]
+    for act in acts:
+        kind = act.get("action")
+        if kind == "connector.call":
+            calls.append([act, None, None])
+        elif calls and act.get("fingerprint") == calls[-1][0].get("fingerprint"):
+            slot = {"connector.decision": 1, "connector.result": 2}.get(kind)
+            if slot and calls[-1][slot] is None:
+                calls[-1][slot] = act
     lines = []
-    for ev in events:
-        where = ev.get("connector") if ev.get("type") == "tool_call" else None
-        if not where:
-            continue
-        raw = json.dumps(ev.get("input"), sort_keys=True, ensure_ascii=False)
-        lines.append(f"[turn {ev.get('turn')}] {escape_text(str(where.get('server')))}:"
-                     f"{escape_text(str(where.get('tool')))} input {escape_block(_clip(raw, INPUT_CAP))}"
-                     f" (fingerprint {where.get('fingerprint')})")
-        d = decided.get(ev.get("call"))
-        if ev.get("refused"):
-            lines.append(f"    refused before the gate: {escape_text(_clip(ev['refused'], RESULT_CAP))}")
-        elif d is None:
-            lines.append("    not decided: the run stopped before the gate")
-        else:
-            lines.append(f"    {'allowed' if d.get('allow') else 'DENIED'} by "
-                         f"{escape_text(str(d.get('by')))} (approval mode {escape_text(str(d.get('mode')))})")
-        res = results.get(ev.get("call"))
-        if d is not None and d.get("allow") and res is not None:
-            got = res.get("connector") or {}
-            outcome = ("cancelled while it ran" if res.get("cancelled") else
-                       f"result sha256 {got.get('sha256')}, {got.get('size')} bytes"
-                       + (", an error" if (res.get("result") or {}).get("is_error") else "")
-                       if got.get("sha256") else "failed: " + escape_text(
-                           _clip((res.get("result") or {}).get("content"), RESULT_CAP)))
-            lines.append(f"    {outcome}")
+    for call, decision, res in calls:
+        lines += _external_lines(call, decision, res, inputs.get(call.get("fingerprint")))
     granted = ", ".join(meta["connectors"].get("names") or [])
-    head = f"granted connectors: {escape_text(granted)}; {len([l for l in lines if l.startswith('[')])} calls\n"
+    head = f"granted connectors: {escape_text(granted)}; {len(calls)} calls (from the audit chain)\n"
     return head + (fence("connector calls", "\n".join(lines)) if lines else "no connector was called\n")
+
+
+def _external_lines(call, decision, res, raw):
+    shown = escape_block(_clip(raw, INPUT_CAP)) if raw is not None else "(not in the transcript)"
+    lines = [f"[turn {call.get('turn')}] {escape_text(str(call.get('server')))}:"
+             f"{escape_text(str(call.get('tool')))} input {shown} (fingerprint {call.get('fingerprint')})"]
+    if decision is None:
+        return lines + ["    not decided: the run stopped before the gate"]
+    allowed = decision.get("decision") == "allow"
+    lines.append(f"    {'allowed' if allowed else 'DENIED'} by {escape_text(str(decision.get('approver')))}"
+                 f" (approval mode {escape_text(str(decision.get('mode')))})")
+    if not allowed:
+        return lines
+    if res is None:
+        outcome = "sent; no result was recorded (the run stopped while it ran)"
+    elif res.get("cancelled"):
+        outcome = "cancelled while it ran (it may have acted)"
+    elif res.get("error"):
+        outcome = f"failed: {escape_text(_clip(res['error'], RESULT_CAP))}"
+    else:
+        outcome = (f"result sha256 {res.get('sha256')}, {res.get('size')} bytes"
+                   + (", an error" if res.get("is_error") else ""))
+    return lines + [f"    {outcome}"]
+
+
+def _inputs(session, events):
+    """{fingerprint: the call's input as JSON text}, from the transcript and its rewound tails."""
+    found = {}
+    tails = [store.read_jsonl(os.path.join(session.dir, name)) for name in sorted(os.listdir(session.dir))
+             if name.startswith("transcript-rewound-") and name.endswith(".jsonl")]
+    for ev in [e for tail in tails for e in tail] + list(events):
+        where = ev.get("connector") if ev.get("type") == "tool_call" else None
+        if isinstance(where, dict) and where.get("fingerprint"):
+            found[where["fingerprint"]] = json.dumps(ev.get("input"), sort_keys=True, ensure_ascii=False)
+    return found
 
 
 def _result_summary(res):

@@ -213,7 +213,25 @@ def cut_point(events, to):
     why = (f"Rewound: the operator rewound the session to savepoint @{to}, which undid this "
            "call and everything after it.")
     pending = unanswered(replay(events[:start]).messages)
-    return start, [result(call, why) for call in pending]
+    return start, [result(call, connector_fate(events[start:], call, f"The operator rewound the "
+                                               f"session to savepoint @{to}.") or why)
+                   for call in pending]
+
+
+def connector_fate(events, call, why):
+    """What to tell the model of a connector call left without a result (why: what stopped
+    it), or None for a call of the built-in tools: whether the gate let it out -- then it may
+    have acted in the world, which nothing here undoes -- or not. events: from the call on."""
+    if not call["name"].startswith("mcp__"):
+        return None
+    for ev in events:
+        if ev.get("type") == "approval" and ev.get("call") == call["id"]:
+            if not ev.get("allow"):
+                break
+            return (f"{why} This connector call had already been sent to its server: it may have "
+                    "acted in the world, and neither a rewind nor a rollback undoes that. Check "
+                    "before you repeat it.")
+    return f"Not run: {why} This connector call was never sent to its server."
 
 
 def cut_for_rewind(session_dir, to):

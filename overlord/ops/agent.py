@@ -213,10 +213,15 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
             record.record("tools", tools=offered)
         if started:
             record.record("connectors", **started)
+        events = T.read(session.dir)
         for call in T.unanswered(conv.messages):
+            since = max((i for i, e in enumerate(events) if e.get("type") == "tool_call"
+                         and e.get("call") == call["id"]), default=len(events))
+            told = T.connector_fate(events[since:], call, "The previous run stopped before this "
+                                    "call returned.") or \
+                "Not run: the previous run stopped before this call returned."
             record.record("tool_result", turn=conv.turn, call=call["id"], tool=call["name"],
-                          result=T.result(call, "Not run: the previous run stopped before this "
-                                                "call returned."), exit_code=None, layer=None,
+                          result=T.result(call, told), exit_code=None, layer=None,
                           paths=None, truncated=False, timed_out=False, cancelled=False, ms=0,
                           not_run=True)
         text = (note or "").strip() or (CONTINUE if conv.messages and

@@ -718,10 +718,6 @@ def _dossier_section(sid):
     return text.split("== EXTERNAL ACTIONS")[1].split("\n== ")[0]
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: dossier._external pairs approvals and results "
-                   "with calls by the model-chosen call id ({call: event}); a model that reuses "
-                   "an id makes a call that was allowed and sent read as DENIED with no result "
-                   "(the last one with that id wins) -- pair them by position, not by id")
 def test_a_reused_call_id_cannot_hide_a_sent_call_in_the_dossier(kernel, target, tmp_path):
     hostile = danger_box(kernel, tmp_path)
     turns = [{"tool_calls": [{"id": "dup", "name": "mcp__box__danger", "input": {"what": "sent"}}]},
@@ -736,12 +732,6 @@ def test_a_reused_call_id_cannot_hide_a_sent_call_in_the_dossier(kernel, target,
     assert "result sha256" in lines[sent_at + 2], section
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: a rewind cuts the transcript (transcript.cut_point) "
-                   "and drops the connector calls in the cut turns with everything else; the "
-                   "dossier's EXTERNAL ACTIONS reads only the live transcript, so after a rewind "
-                   "(a person's, or a harness's Broker.rewind) an e-mail that was sent is listed "
-                   "nowhere the reviewer looks -- build EXTERNAL ACTIONS from the session's "
-                   "connector acts on the audit chain (or keep connector calls across a cut)")
 def test_a_rewind_cannot_hide_an_external_action_from_the_reviewer(kernel, target, tmp_path):
     from overlord import ops
     hostile = danger_box(kernel, tmp_path, "auto")
@@ -757,10 +747,6 @@ def test_a_rewind_cannot_hide_an_external_action_from_the_reviewer(kernel, targe
     assert "send the e-mail" in _dossier_section(result.sid)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: transcript.cut_point answers the calls a rewind "
-                   "cuts out of a kept turn with 'Rewound: ... which undid this call' -- for a "
-                   "connector call that was sent, a lie the model acts on (it sends the e-mail "
-                   "again); a connector call's cut result should say it acted and was not undone")
 def test_a_rewind_does_not_tell_the_model_a_sent_call_was_undone(kernel, target, tmp_path):
     from overlord import ops
     hostile = danger_box(kernel, tmp_path, "auto")
@@ -776,10 +762,6 @@ def test_a_rewind_does_not_tell_the_model_a_sent_call_was_undone(kernel, target,
     assert "undid this call" not in told["content"], told["content"]
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: ops/agent.py resume answers every unanswered call "
-                   "'Not run: the previous run stopped before this call returned' -- for a "
-                   "connector call the chain shows allowed (connector.decision allow, no result) "
-                   "it was sent and may have acted; the model is told it never ran and repeats it")
 def test_resume_after_a_crash_mid_call_does_not_say_a_sent_call_never_ran(kernel, target, tmp_path):
     import signal
     pids = tmp_path / "server.pids"
