@@ -15,7 +15,8 @@ running loop uses, so a resume sees exactly what the model saw:
     error        {turn, message}
     compaction   {message, kept, dropped, tokens, window, note, usage}
     resume       {note, message}                  message is None when there was no note to say
-    rewind       {to, dropped_events, archive, results}
+    rewind       {to, dropped_events, archive, results, external}   external: the connector
+                                                  calls the cut dropped that had been sent
     fork         {from, savepoint}
     done         {reason, turns, usage, message}
     tools        {tools}                          the tool list changed (a resume whose connectors
@@ -245,9 +246,27 @@ def cut_for_rewind(session_dir, to):
     archive = f"transcript-rewound-{stamp}-{to}.jsonl"
     _write(os.path.join(session_dir, archive), tail)
     event = {"type": "rewind", "at": round(time.time(), 3), "to": to,
-             "dropped_events": len(tail), "archive": archive, "results": results}
+             "dropped_events": len(tail), "archive": archive, "results": results,
+             "external": sent_connector_calls(tail)}
     _write(path(session_dir), events[:index] + [event])
     return event
+
+
+def sent_connector_calls(events):
+    """The connector calls among events the gate let out: [{server, tool, fingerprint}]."""
+    allowed = {(e.get("call"), e.get("fingerprint")) for e in events
+               if e.get("type") == "approval" and e.get("allow")}
+    return [dict(e["connector"]) for e in events if e.get("type") == "tool_call"
+            and isinstance(e.get("connector"), dict)
+            and (e.get("call"), e["connector"].get("fingerprint")) in allowed]
+
+
+def untold_external(events):
+    """Connector calls rewound out of the conversation since the last user turn: the model
+    no longer sees them, but they acted in the world (the next user turn says so)."""
+    last = max((i for i, e in enumerate(events) if e.get("type") in SPOKEN and e.get("message")
+                and e["message"].get("role") == "user"), default=-1)
+    return [x for e in events[last + 1:] if e.get("type") == "rewind" for x in e.get("external") or []]
 
 
 def copy_for_fork(session_dir, new_dir, at, sid):

@@ -226,6 +226,13 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
                           not_run=True)
         text = (note or "").strip() or (CONTINUE if conv.messages and
                                         conv.messages[-1].get("role") == "assistant" else None)
+        acted = T.untold_external(events)
+        if acted:
+            said = "; ".join(f"{a.get('server')}:{a.get('tool')} (fingerprint {a.get('fingerprint')})"
+                             for a in acted)
+            text = (f"[OVERLORD: the rewind undid the files' changes, not these connector calls, "
+                    f"which had already acted outside the sandbox: {said}. Check before you "
+                    f"repeat any of them.]" + (f"\n\n{text}" if text else ""))
         record.record("resume", note=note, message={"role": "user", "content": text} if text else None)
         turns = max_turns or settings.get("max_turns")
         return _drive(session, ep, record, turns, settings.get("context_window"), on_delta, cancel,

@@ -266,3 +266,22 @@ def test_the_reviewers_dossier_lists_every_external_action(kovl, home, target, t
     # a connector's input is session data, fenced like every other byte the session chose
     nonce = text.split("<<<SESSION DATA ")[1].split(":")[0]
     assert section.count(f"<<<SESSION DATA {nonce}: connector calls>>>") == 1
+
+
+def test_a_rewind_that_drops_a_sent_call_tells_the_model_it_still_acted(kovl, home, target, tmp_path):
+    configure(home, {"everything": everything_argv()}, approval="auto")
+    turns = [{"tool_calls": [{"name": "write_file", "input": {"path": "a.txt", "content": "a\n"}}]},
+             {"tool_calls": [{"name": "mcp__everything__toggle-simulated-logging", "input": {}},
+                             {"name": "write_file", "input": {"path": "b.txt", "content": "b\n"}}]},
+             {"text": "done"}, {"text": "after the rewind"}]
+    script = tmp_path / "rewind-script.json"
+    script.write_text(json.dumps(turns))
+    sid, proc = kovl.agent(target, "go", "--provider", "scripted", "--script", script,
+                           "--connector", "everything", check=0)
+    kovl("rewind", sid, "--to", "0", check=0)          # the turn with the connector call goes
+    (rewind,) = of_type(kovl.events(sid), "rewind")
+    assert [x["tool"] for x in rewind["external"]] == ["toggle-simulated-logging"]
+    kovl("resume", sid, "--note", "carry on", check=0)
+    told = of_type(kovl.events(sid), "resume")[-1]["message"]["content"]
+    assert "everything:toggle-simulated-logging" in told and "already acted" in told
+    assert told.endswith("carry on")
