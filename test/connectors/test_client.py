@@ -35,8 +35,9 @@ def until(predicate, what, timeout=WAIT):
 
 
 def gone(wire):
-    """Whether a stdio server's whole process group has left and its leader was reaped (an
-    orphan's zombie is its reaper's to collect: this machine's init may never do it)."""
+    """Whether a stdio server's whole process group (and its supervisor's) has left and the
+    supervisor was reaped (an orphan's zombie is its reaper's to collect: this machine's init
+    may never do it)."""
     try:
         os.waitpid(wire.pid, os.WNOHANG)
     except ChildProcessError:
@@ -51,7 +52,7 @@ def gone(wire):
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == wire.pid and fields[0] not in "ZX":
+        if int(fields[2]) in (wire.pid, wire.server_pid) and fields[0] not in "ZX":
             return False
     return True
 
@@ -126,7 +127,8 @@ def test_everything_refuses_discover_and_gets_the_handshake(everything):
     text = log.read_text()
     assert "server/discover refused (-32601): falling back to the handshake" in text
     assert "connected: handshake 2025-11-25" in text
-    assert "Starting default (STDIO) server" in text          # the server's own stderr
+    until(lambda: "Starting default (STDIO) server" in log.read_text(),   # its own stderr,
+          "the server's stderr in the log")                              # drained by a thread
 
 
 def test_everything_lists_its_tools_with_their_annotations(everything):

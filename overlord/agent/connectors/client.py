@@ -89,9 +89,10 @@ def open(server, *, log=None, start_timeout=20.0, cancel=None):
     name = getattr(server, "name", None) or "?"
     transport = getattr(server, "transport", None)
     events = Log(log, name)
+    deadline = time.monotonic() + start_timeout
     if transport == "stdio":
         from overlord.agent.connectors import stdio
-        wire = stdio.Stdio(server, events)
+        wire = stdio.Stdio(server, events, deadline=deadline, cancel=cancel)
     elif transport == "http":
         from overlord.agent.connectors import http
         wire = http.Http(server, events)
@@ -100,7 +101,7 @@ def open(server, *, log=None, start_timeout=20.0, cancel=None):
                              "(stdio or http)")
     client = Client(name, wire, events)
     try:
-        client._connect(start_timeout, cancel)
+        client._connect(start_timeout, cancel, deadline)
     except BaseException:
         client.close()
         raise
@@ -177,8 +178,7 @@ class Client:
 
     # -- connecting ---------------------------------------------------------------------------
 
-    def _connect(self, start_timeout, cancel):
-        deadline = time.monotonic() + start_timeout
+    def _connect(self, start_timeout, cancel, deadline):
         try:
             found = self._request("server/discover", {}, deadline=deadline, cancel=cancel,
                                   stateless=True, starting=start_timeout)
@@ -387,27 +387,56 @@ def _clip(value, limit=80):
 # -- the log --------------------------------------------------------------------------------
 
 class Log:
-    """The per-session connector log: a stdio server's stderr lands there, and we append one
-    line per notable event (connected, fell back, cancelled, crashed)."""
+    """The per-session connector log: a stdio server's stderr lands there (its first
+    STDERR_MAX bytes in this log, then one line saying the rest was dropped), and we append
+    one line per notable event (connected, fell back, cancelled, crashed) while the log is
+    under EVENTS_MAX bytes -- a server cannot fill the disk through it either way."""
+
+    STDERR_MAX = 1 << 20
+    EVENTS_MAX = 2 << 20
 
     def __init__(self, path, name):
         self.path, self.name = path, name
 
-    def stderr(self):
-        """A file descriptor to hand a child as its stderr (the caller closes it), or None
-        (devnull)."""
-        if self.path is None:
-            return None
+    def _open(self):
         return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def _line(self, event):
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{stamp} overlord connector {self.name}: {_clip(event, 500)}\n".encode(
+            "utf-8", "replace")
+
+    def stderr(self, chunk):
+        """Append a chunk of the server's stderr while the log is under STDERR_MAX bytes;
+        False once it is full (after one line saying the rest is dropped)."""
+        if self.path is None:
+            return False
+        try:
+            fd = self._open()
+        except OSError:
+            return False
+        try:
+            room = self.STDERR_MAX - os.fstat(fd).st_size
+            if room >= len(chunk):
+                os.write(fd, chunk)
+                return True
+            if room > 0:
+                os.write(fd, chunk[:room])
+            os.write(fd, b"\n" + self._line(f"its stderr filled this log's "
+                                              f"{self.STDERR_MAX >> 20} MiB: the rest is dropped"))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return False
 
     def write(self, event):
         if self.path is None:
             return
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        line = f"{stamp} overlord connector {self.name}: {_clip(event, 500)}\n"
         with contextlib.suppress(OSError):
-            fd = self.stderr()
+            fd = self._open()
             try:
-                os.write(fd, line.encode("utf-8", "replace"))
+                if os.fstat(fd).st_size < self.EVENTS_MAX:
+                    os.write(fd, self._line(event))
             finally:
                 os.close(fd)
