@@ -309,9 +309,6 @@ def test_close_ends_the_servers_whole_process_group(tmp_path, home):
     assert _gone_within(child, 3), "a child in the server's process group outlived close()"
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: stdio.close() signals the server's process group "
-                   "only; a child that calls setsid() leaves it and outlives close() (and the "
-                   "session) -- a connector's daemon keeps acting after the run ended")
 def test_close_ends_a_child_that_left_the_process_group(tmp_path, home):
     pidfile = tmp_path / "escaped.pid"
     hostile = Hostile(tmp_path, [READ], start={"setsid_child": str(pidfile)})
@@ -325,9 +322,6 @@ def test_close_ends_a_child_that_left_the_process_group(tmp_path, home):
             os.kill(child, 9)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: a stdio server's stderr is handed the session's "
-                   "connector log as a raw fd (client.Log.stderr): nothing bounds it, so a server "
-                   "can fill the disk under OVERLORD_HOME")
 def test_a_servers_stderr_cannot_fill_the_disk(tmp_path, home):
     hostile = Hostile(tmp_path, [READ], start={"stderr": 48})          # 48 MiB
     with _open(tmp_path, hostile) as c:
@@ -350,10 +344,6 @@ def test_answers_with_other_ids_twice_or_early_never_cross_calls(tmp_path, home)
     assert refusal["error"]["code"] == -32601 and "result" not in refusal
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE (minor): stdio.py Stdio._line stores every answer "
-                   "for a pending id (slot.answer = msg): a server that answers a request twice has "
-                   "its SECOND answer win whenever it lands before the caller wakes -- which result "
-                   "the model reads and the chain hashes is a race; keep the first, log the rest")
 def test_a_second_answer_to_the_same_request_does_not_replace_the_first(tmp_path, home):
     from overlord.agent.connectors import stdio
     hostile = Hostile(tmp_path, [READ])
@@ -368,11 +358,6 @@ def test_a_second_answer_to_the_same_request_does_not_replace_the_first(tmp_path
     assert slot.answer["result"]["said"] == "first"
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: stdio.py Stdio._write is a blocking write to the "
-                   "server's stdin, outside the deadline and the cancel token: a server that stops "
-                   "reading (a full 64 KiB pipe: one large argument, or a flood of pings the reader "
-                   "thread answers under write_lock) blocks the call forever -- no timeout, and "
-                   "Ctrl-C / Stop do not end it (notifications/cancelled and close() block too)")
 def test_a_server_that_stops_reading_cannot_hold_a_call_past_its_timeout_or_a_cancel(tmp_path, home):
     import signal
     from overlord.agent.cancel import Cancel
