@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 
@@ -227,9 +228,12 @@ class Client:
         return params
 
     def _next_id(self):
+        """A request id a server cannot guess (so it cannot answer a request before it is
+        sent): 32 random bits over a 21-bit count, unique per connection, within JSON's safe
+        integers (2**53 - 1)."""
         with self._lock:
             self._ids += 1
-            return self._ids
+            return (secrets.randbits(32) << 21) | (self._ids & ((1 << 21) - 1)) or 1
 
     def _request(self, method, params, *, timeout=None, deadline=None, cancel=None,
                  stateless=False, starting=None):
