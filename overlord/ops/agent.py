@@ -27,6 +27,7 @@ from overlord.txn import store
 from overlord.ops.execute import command_cwd, exec_capture, run
 from overlord.ops.grants import resolve_target, validate_grants
 from overlord.trust import policy
+from overlord.ops.decide import rollback
 from overlord.ops.review import get_session
 from overlord.ops import connectors as hands_ops
 
@@ -159,15 +160,20 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
         own_source=own_source(session.target), audit=bool(audit),
         connectors=tuple(held["names"]) if held else ())
     cancel = cancel if isinstance(cancel, Cancel) else Cancel(cancel)
-    with T.writer(session.dir, "run the agent in"):
-        record = T.Transcript(session.dir, on_event)
-        with _hands(session, held, record, approver, cancel) as (hands, specs, started):
-            record.record("system", prompt=prompt.system_prompt(situation, system),
-                          tools=tools.SPECS + specs)
-            if started:
-                record.record("connectors", **started)
-            record.record("task", text=task, message={"role": "user", "content": task}, audit=bool(audit))
-            return _drive(session, ep, record, max_turns, context_window, on_delta, cancel, hands)
+    try:
+        with T.writer(session.dir, "run the agent in"):
+            record = T.Transcript(session.dir, on_event)
+            with _hands(session, held, record, approver, cancel) as (hands, specs, started):
+                record.record("system", prompt=prompt.system_prompt(situation, system),
+                              tools=tools.SPECS + specs)
+                if started:
+                    record.record("connectors", **started)
+                record.record("task", text=task, message={"role": "user", "content": task},
+                              audit=bool(audit))
+                return _drive(session, ep, record, max_turns, context_window, on_delta, cancel, hands)
+    except hands_ops.StartRefused:
+        rollback(session.sid)            # nothing ran in it: the session goes, the line stays
+        raise
 
 
 @contextlib.contextmanager

@@ -53,6 +53,10 @@ START_TIMEOUT = 20.0              # seconds a server may take to start and answe
 PREFIX = "mcp__"
 
 
+class StartRefused(OverlordError):
+    """The granted connectors cannot be offered together (a tool name collision)."""
+
+
 @dataclasses.dataclass
 class ApprovalRequest:
     """One call waiting at the gate: what the person is asked to allow."""
@@ -207,8 +211,12 @@ class Hands:
                 else:
                     keep.append(tool)
             usable[name] = keep
-        table = names.table({n: [t["name"] for t in ts] for n, ts in usable.items()},
-                            set(builtin.BY_NAME))
+        try:
+            table = names.table({n: [t["name"] for t in ts] for n, ts in usable.items()},
+                                set(builtin.BY_NAME))
+        except OverlordError as exc:
+            raise StartRefused(f"{exc}; the run does not start (remove one of the connectors, "
+                               "or ask its server to rename the tool)") from None
         by_pair = {(n, t["name"]): t for n, ts in usable.items() for t in ts}
         specs = []
         for offered_name, (server, tool) in sorted(table.items()):

@@ -285,3 +285,14 @@ def test_a_rewind_that_drops_a_sent_call_tells_the_model_it_still_acted(kovl, ho
     told = of_type(kovl.events(sid), "resume")[-1]["message"]["content"]
     assert "everything:toggle-simulated-logging" in told and "already acted" in told
     assert told.endswith("carry on")
+
+
+def test_a_tool_name_collision_is_refused_at_start_and_leaves_nothing_open(kovl, home, target, tmp_path):
+    from overlord.agent.connectors import names
+    bent = "t\x1b[2J!"                                           # shortened with a hash suffix ...
+    forged = names.offered("box", bent)[len("mcp__box__"):]       # ... which a second tool takes as its name
+    configure(home, {"box": fake_server(tmp_path, [tool(bent), tool(forged)])})
+    sid, proc = kovl.scripted(target, tmp_path, [{"text": "hi"}], "--connector", "box", check=1)
+    assert proc.err.startswith("overlord: ") and "collision" in proc.err and "\x1b" not in proc.err
+    assert "Traceback" not in proc.err
+    assert kovl("sessions", "--json", check=0).out.count('"pending"') == 0
