@@ -688,7 +688,7 @@ def cmd_doctor(args):
                      "fuse_containment": {"hidden": report.fuse_containment[0],
                                           "detail": report.fuse_containment[1]}
                      if report.fuse_containment else None, "audit": report.audit,
-                     "daemon": report.daemon})
+                     "daemon": report.daemon, "connectors": report.connectors})
         return 0
     if report.in_jail:
         print("inside an OVERLORD jail: backends read as blocked because a jail cannot be nested")
@@ -710,6 +710,12 @@ def cmd_doctor(args):
               f"daemon: {'running' if d['running'] else 'not running'} ({where}: "
               f"{R.escape_text(str(d['detail']))})")
     print(_face("audit_cmds").doctor_line(report.audit))
+    c = report.connectors
+    if c and c.get("error"):
+        print(f"connectors: {R.escape_text(c['error'])}")
+    elif c:
+        names = ", ".join(R.escape_path(n) for n in c["servers"]) or "none configured (overlord mcp add)"
+        print(f"connectors: {names}; approval {c['approval']}")
     for sid, detail in report.coarse:
         print(f"coarser savepoints in {sid}: {detail}")
     return 0 if report.active else 1

@@ -6,6 +6,7 @@ import shutil
 import socket
 
 from overlord.linux import libc
+from overlord.errors import OverlordError
 from overlord.ops.audit import audit_status
 from overlord.sandbox import backends, fuse, harden, limits
 from overlord.sandbox import trace_ebpf
@@ -31,6 +32,7 @@ class DoctorReport:
     fuse_containment: tuple = None   # (OVERLORD_HOME hidden, in words) where fuse is available
     audit: dict = None        # the chain's verify report (ops.audit_status), or {"error": ...}
     daemon: dict = None       # daemon_status(): {"socket", "running", "pid", "detail"}
+    connectors: dict = None   # connectors_status(): {"file", "servers", "approval"} or {"file", "error"}
 
 
 def doctor():
@@ -43,7 +45,19 @@ def doctor():
     tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
     return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
                         containment_layers(probes["kernel"][0], tools), coarse_sessions(),
-                        fuse_containment(probes["fuse"][0]), audit_status(), daemon_status())
+                        fuse_containment(probes["fuse"][0]), audit_status(), daemon_status(),
+                        connectors_status())
+
+
+def connectors_status():
+    """mcp.json as the agent will read it: how many servers, the approval mode, or what is
+    wrong with the file (a damaged one refuses every connector)."""
+    from overlord.agent.connectors import config
+    try:
+        cfg = config.load()
+    except OverlordError as exc:
+        return {"file": config.path(), "error": str(exc)}
+    return {"file": config.path(), "servers": sorted(cfg.servers), "approval": cfg.approval}
 
 
 # -- the daemon -----------------------------------------------------------------------------------

@@ -33,3 +33,15 @@ def test_a_broken_chain_refuses_the_change(home):
     proc = ovl("mcp", "add", "other", "--command", "x", check=1)
     assert proc.err.startswith("overlord: ") and "audit.key" in proc.err
     assert (home / "mcp.json").read_bytes() == before
+
+
+def test_doctor_shows_the_connectors_and_a_damaged_file(home):
+    ovl = Ovl(home)
+    ovl("mcp", "add", "gh", "--command", "gh-server", check=0)
+    proc = ovl("doctor", check=None)
+    assert "connectors: gh; approval ask" in proc.out
+    report = json.loads(ovl("doctor", "--json", check=None).out)
+    assert report["connectors"]["servers"] == ["gh"] and report["connectors"]["approval"] == "ask"
+    (home / "mcp.json").write_text("{ not json")
+    line = [l for l in ovl("doctor", check=None).out.splitlines() if l.startswith("connectors:")]
+    assert len(line) == 1 and "mcp.json" in line[0]
