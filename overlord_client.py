@@ -539,7 +539,9 @@ class Client:
         "request" | "assistant" | "tool_call" | "tool_result" | "done" | ..., ...});
         on_delta(type, text): the model's text as it streams. opts as docs/DAEMON.md's
         agent op: provider, model, base_url, headers, knobs, script, system, max_turns,
-        context_window, jail, net, timeout, limits, backend, audit, stack."""
+        context_window, jail, net, timeout, limits, backend, audit, stack, connectors (names
+        configured with `overlord mcp add`; policy must name them for a brokered session, and an
+        action is denied, as nobody can be asked), connector_shell."""
         return Session(self, self.call(
             "agent", on_event=_agent_events(on_event, on_session, on_delta), task=task,
             target=_target(target), deltas=True if on_delta else None, **opts))
