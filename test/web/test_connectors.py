@@ -130,20 +130,15 @@ def test_none_configured_is_an_empty_list(ui):
     assert ui.ok("GET", "/api/connectors") == {"connectors": [], "approval": "ask", "servers": []}
 
 
-def test_an_unknown_or_malformed_grant_is_refused_before_anything_opens(home, target, tmp_path):
-    require_kernel()
-    configure(home)
-    ui = serve(home, target, tmp_path)
-    try:
-        r = ui.post("/api/chats", {"message": "go", "connectors": ["nope"]})
-        assert r.status == 400, r.body
-        assert "nope" in r.json["error"] and "everything" in r.json["error"], r.json
-        for bad in ("everything", [1], ["x" * 65], [""]):
-            r = ui.post("/api/chats", {"message": "go", "connectors": bad})
-            assert r.status == 400 and r.json["field"] == "connectors", (bad, r.body)
-        assert ui.ok("GET", "/api/chats")["chats"] == []
-    finally:
-        ui.close()
+def test_an_unknown_or_malformed_grant_is_refused_before_anything_opens(gated):
+    ui = gated
+    r = ui.post("/api/chats", {"message": "go", "connectors": ["nope"]})
+    assert r.status == 400, r.body
+    assert "nope" in r.json["error"] and "everything" in r.json["error"], r.json
+    for bad in ("everything", [1], ["x" * 65], [""]):
+        r = ui.post("/api/chats", {"message": "go", "connectors": bad})
+        assert r.status == 400 and r.json["field"] == "connectors", (bad, r.body)
+    assert ui.ok("GET", "/api/chats")["chats"] == []
 
 
 # -- the approval gate -----------------------------------------------------------------------------
@@ -212,10 +207,7 @@ def test_stop_at_the_gate_ends_the_run_within_two_seconds(gated):
     sid = start(ui)
     with ui.events(sid) as ev:
         pending = approval(ev)
-        t = time.monotonic()
-        assert ui.ok("POST", f"/api/chats/{sid}/cancel", {}) == {"stopping": True}
-        ev.until(lambda n, d: n == "state" and not d["running"])
-        took = time.monotonic() - t
+        took = ui.stop(sid, ev)
         seen = ev.seen
     assert took < 2.0, took
     assert ("decision", {"call": pending["call"], "allow": None}) in seen
@@ -236,10 +228,7 @@ def test_stop_during_a_connector_call_ends_the_run_within_two_seconds(home, targ
         sid = start(ui, message="wait for it")
         with ui.events(sid) as ev:
             ev.until(lambda n, d: n == "record" and d.get("type") == "approval")   # allowed: it is in flight
-            t = time.monotonic()
-            assert ui.ok("POST", f"/api/chats/{sid}/cancel", {}) == {"stopping": True}
-            ev.until(lambda n, d: n == "state" and not d["running"])
-            took = time.monotonic() - t
+            took = ui.stop(sid, ev)
             seen = ev.seen
         assert took < 2.0, took
         assert records(seen, "done")[-1]["reason"] == "cancelled"
