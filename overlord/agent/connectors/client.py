@@ -294,6 +294,16 @@ class Client:
         return ConnectorError(f"connector {self.name}: {what}")
 
 
+def answer_to_server(msg_id, method, log):
+    """Our answer to a server's request: `ping` gets {}, every other method -32601 (logged)."""
+    if method == "ping":
+        return {"jsonrpc": "2.0", "id": msg_id, "result": {}}
+    log.write(f"refused the server's request {_clip(method)} (not supported)")
+    return {"jsonrpc": "2.0", "id": msg_id, "error": {
+        "code": METHOD_NOT_FOUND,
+        "message": f"Method not found: this client does not support {_clip(method)}"}}
+
+
 # -- results --------------------------------------------------------------------------------
 
 def canonical(value):

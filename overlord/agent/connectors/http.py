@@ -24,9 +24,9 @@ import urllib.parse
 import urllib.request
 
 from overlord.agent.cancel import Cancel, Cancelled
-from overlord.agent.connectors.client import (LINE_MAX, METHOD_NOT_FOUND, NAMED,
-                                              NOTIFY_TIMEOUT, ConnectorError, RemoteError,
-                                              TimedOut, _clip)
+from overlord.agent.connectors.client import (LINE_MAX, NAMED, NOTIFY_TIMEOUT, VERSION_KEY,
+                                              ConnectorError, RemoteError, TimedOut, _clip,
+                                              answer_to_server)
 
 CONNECT_MAX = 30.0                   # seconds a connection may take to open
 _SAFE = re.compile(r"^[\x20-\x7E]*$")
@@ -68,7 +68,8 @@ class Http:
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
                                             parts.query, ""))
-        self.headers = {str(k): str(v) for k, v in (getattr(server, "headers", None) or {}).items()}
+        configured = getattr(server, "headers", None) or {}
+        self.headers = {str(k): str(v) for k, v in configured.items()}
         self.proxy = None if _loopback(self.host) else self._proxy(parts.scheme)
         self.session = None          # Mcp-Session-Id (the handshake)
         self.version = None          # MCP-Protocol-Version, once known
@@ -84,7 +85,6 @@ class Http:
 
     def request(self, msg_id, message, deadline, cancel):
         cancel = cancel if cancel is not None else Cancel()
-        method = message["method"]
         modern = self.modern or bool(_enveloped(message))
         return self._exchange(message, deadline, cancel, modern, msg_id)
 
@@ -182,7 +182,7 @@ class Http:
 
     def _answer(self, sock, response, msg_id, method, deadline, cancel):
         ctype = (response.getheader("Content-Type") or "").split(";")[0].strip().lower()
-        if response.status == 202 or (response.status == 204):
+        if response.status in (202, 204):
             raise ConnectorError(f"connector {self.name}: {method} was accepted (HTTP "
                                  f"{response.status}) but not answered")
         if ctype == "text/event-stream":
@@ -234,19 +234,12 @@ class Http:
                     return msg
                 continue                       # not ours: nobody awaits it
             if isinstance(msg.get("method"), str) and "id" in msg:
-                self._serve(msg, cancel)
+                self._answer_server(msg, cancel)
             # a notification (progress, logging, list_changed): nothing to do
 
-    def _serve(self, msg, cancel):
+    def _answer_server(self, msg, cancel):
         """Answer a server's request by a POST of its own."""
-        method = msg["method"]
-        if method == "ping":
-            answer = {"jsonrpc": "2.0", "id": msg["id"], "result": {}}
-        else:
-            self.log.write(f"refused the server's request {_clip(method)} (not supported)")
-            answer = {"jsonrpc": "2.0", "id": msg["id"], "error": {
-                "code": METHOD_NOT_FOUND,
-                "message": f"Method not found: this client does not support {_clip(method)}"}}
+        answer = answer_to_server(msg["id"], msg["method"], self.log)
         try:
             self._exchange(answer, time.monotonic() + NOTIFY_TIMEOUT, cancel, self.modern, None)
         except (ConnectorError, Cancelled):
@@ -341,7 +334,6 @@ class Http:
 def _enveloped(message):
     params = message.get("params") if isinstance(message, dict) else None
     meta = params.get("_meta") if isinstance(params, dict) else None
-    from overlord.agent.connectors.client import VERSION_KEY
     return meta.get(VERSION_KEY) if isinstance(meta, dict) else None
 
 

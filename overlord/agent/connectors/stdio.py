@@ -39,8 +39,8 @@ import threading
 import time
 
 from overlord.agent.cancel import Cancelled
-from overlord.agent.connectors.client import (LINE_MAX, METHOD_NOT_FOUND, ConnectorError,
-                                              TimedOut, _clip)
+from overlord.agent.connectors.client import (LINE_MAX, ConnectorError, TimedOut, _clip,
+                                              answer_to_server)
 
 INHERITED = ("PATH", "HOME", "LANG")
 GRACE = 1.0                  # seconds a server has to leave after its stdin closes
@@ -622,7 +622,8 @@ class Stdio:
         method = msg.get("method")
         if isinstance(method, str):
             if "id" in msg:
-                self._answer_request(msg["id"], method)
+                with contextlib.suppress(ConnectorError):     # queued, never blocking the reader
+                    self._send(answer_to_server(msg["id"], method, self.log))
             return                                   # a notification: nothing to do
         if "id" in msg and ("result" in msg or "error" in msg):
             with self.lock:
@@ -646,21 +647,6 @@ class Stdio:
             return
         self._garbage("sent a message that is neither a request nor a response: "
                       + _clip(line.decode("utf-8", "replace"), 60))
-
-    def _answer_request(self, msg_id, method):
-        if method == "ping":
-            answer = {"jsonrpc": "2.0", "id": msg_id, "result": {}}
-        else:
-            answer = refusal(msg_id, method)
-            self.log.write(f"refused the server's request {_clip(method)} (not supported)")
-        with contextlib.suppress(ConnectorError):
-            self._send(answer)               # queued, never blocking the reader
-
-
-def refusal(msg_id, method):
-    return {"jsonrpc": "2.0", "id": msg_id, "error": {
-        "code": METHOD_NOT_FOUND,
-        "message": f"Method not found: this client does not support {_clip(method)}"}}
 
 
 def _key(value):
