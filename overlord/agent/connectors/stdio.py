@@ -590,22 +590,24 @@ class Stdio:
         self._fail(f"the server {why}")
 
     def _fail(self, why):
+        """The connection is over: no request is taken any more, the calls waiting end."""
         with self.lock:
             if self.dead is None:
                 self.dead = why
-            slots = list(self.pending.values())
-        for slot in slots:
-            if slot.answer is None and slot.error is None:
-                slot.error = f"{why} (no answer)"
-            slot.event.set()
+        self._end_calls(f"{why} (no answer)")
 
     def _garbage(self, what):
+        """A line no call can take: the calls then waiting end (the connection stays)."""
         self.log.write(what)
+        self._end_calls(what)
+
+    def _end_calls(self, error):
+        """Every call waiting without an answer ends with `error`."""
         with self.lock:
             slots = list(self.pending.values())
         for slot in slots:
             if slot.answer is None and slot.error is None:
-                slot.error = what
+                slot.error = error
             slot.event.set()
 
     def _line(self, line, index=None):
