@@ -25,16 +25,16 @@ call's tool_call and tool_result.
 """
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
-
-import importlib
 
 from overlord.agent import tools as builtin
 from overlord.agent.cancel import Cancelled
 from overlord.errors import OverlordError, UsageError
 from overlord.text import escape_text
 from overlord.trust import audit, policy
+
 
 class _Lazy:
     """A module of overlord.agent.connectors, imported on first use (an agent run without
@@ -74,7 +74,8 @@ class ApprovalRequest:
 @dataclasses.dataclass
 class Decision:
     allow: bool
-    by: str                       # who decided: "terminal (uid:name)", "workspace", "mcp.json approval: auto", ...
+    by: str                       # who decided: "terminal (uid:name)", "workspace",
+                                  # "mcp.json approval: auto", ...
     note: str = None
 
 
@@ -106,8 +107,9 @@ def grant(target, asked, shell=False, brokered=False):
     if allowed != "*" and allowed is not None:
         for name in asked:
             if name not in allowed:
-                where = f"policy {rule.source('connectors')}" if rule.source("connectors") != policy.BUILT_IN \
-                    else "policy (no rule names connectors for this folder; a brokered session gets none)"
+                source = rule.source("connectors")
+                where = f"policy {source}" if source != policy.BUILT_IN else \
+                    "policy (no rule names connectors for this folder; a brokered session gets none)"
                 shown = ", ".join(allowed) or "none"
                 raise OverlordError(f"{where} allows connectors: {shown}; this request asked for "
                                     f"{escape_text(name)}", http_status=403)
@@ -189,8 +191,7 @@ class Hands:
             self.servers[name] = cfg.get(name)
             try:
                 client = self._connect(name)
-                listed[name] = client.list_tools(cancel=self.cancel, timeout=_seconds(
-                    "OVERLORD_CONNECTOR_START_TIMEOUT", START_TIMEOUT))
+                listed[name] = client.list_tools(cancel=self.cancel, timeout=_start_timeout())
             except mcp_client.ConnectorError as exc:
                 errors[name] = str(exc)
                 self.clients[name] = None
@@ -233,7 +234,7 @@ class Hands:
 
     def _connect(self, name):
         client = mcp_client.open(self.servers[name], log=self._log(name), cancel=self.cancel,
-                                 start_timeout=_seconds("OVERLORD_CONNECTOR_START_TIMEOUT", START_TIMEOUT))
+                                 start_timeout=_start_timeout())
         self.clients[name] = client
         return client
 
@@ -242,11 +243,7 @@ class Hands:
 
     def close(self):
         for client in self.clients.values():
-            if client is not None:
-                try:
-                    client.close()
-                except Exception:  # noqa: BLE001 - closing a dead server is not the run's failure
-                    pass
+            _close_quietly(client)
         self.clients = {}
 
     # -- calls ---------------------------------------------------------------------------------
@@ -398,17 +395,26 @@ class Hands:
 
     def _drop(self, server):
         """A server that failed a call is reconnected at its next call."""
-        client = self.clients.pop(server, None)
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001
-                pass
+        _close_quietly(self.clients.pop(server, None))
 
     @staticmethod
     def _outcome(content, where, is_error, truncated=False, cancelled=False):
         return builtin.Outcome(content, is_error=is_error, truncated=truncated,
                                cancelled=cancelled, connector=where)
+
+
+def _close_quietly(client):
+    """Close a client (None: not connected); closing a dead server is not the run's failure."""
+    if client is None:
+        return
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _start_timeout():
+    return _seconds("OVERLORD_CONNECTOR_START_TIMEOUT", START_TIMEOUT)
 
 
 def _seconds(name, default):
@@ -427,7 +433,8 @@ def _readonly(tool):
 
 def _model_spec(offered, server, tool, trusted):
     """The tool as the model is offered it: its own description, said to act outside."""
-    kind = "read-only, by the server's claim" if trusted else "acts on the world: each call asks the operator first"
+    kind = "read-only, by the server's claim" if trusted else \
+        "acts on the world: each call asks the operator first"
     desc = tool.get("description") if isinstance(tool.get("description"), str) else ""
     schema = tool.get("inputSchema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
