@@ -1,5 +1,9 @@
 """The agent's subcommands (agent, resume, transcript, keys, models): parse, call
 overlord.ops, render."""
+import json
+import os
+import pwd
+import select
 import sys
 
 from overlord import ops
@@ -188,7 +192,8 @@ def _connector_line(ev):
         note = f" ({R.escape_text(str(ev['note']))})" if ev.get("note") else ""
         return f"  {verb} by {R.escape_text(str(ev.get('by')))}{note}"
     if kind == "connector_error":
-        return f"  connector {R.escape_path(str(ev.get('server')))} failed: {R.escape_text(str(ev.get('message')))}"
+        return (f"  connector {R.escape_path(str(ev.get('server')))} failed: "
+                f"{R.escape_text(str(ev.get('message')))}")
     parts = []
     for name, info in sorted((ev.get("servers") or {}).items()):
         tools = info.get("tools") or []
@@ -214,8 +219,6 @@ class TerminalApprover:
     STYLE, PLAIN = "\x1b[1;7m", "\x1b[0m"
 
     def __init__(self, fd):
-        import os
-        import pwd
         self.fd = fd
         uid = os.getuid()
         try:
@@ -226,16 +229,12 @@ class TerminalApprover:
     @classmethod
     def open(cls):
         """The approver, or None when this process has no terminal (nobody to ask)."""
-        import os
         try:
             return cls(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC))
         except OSError:
             return None
 
     def __call__(self, request, cancel):
-        import json
-        import os
-        import select
         shown = R.escape_block(json.dumps(request.input, indent=2, ensure_ascii=False, sort_keys=True))
         claim = ("it claims to be read-only, but policy distrusts this server's claims"
                  if request.readonly_claim else "the server does not mark it read-only")
@@ -243,7 +242,7 @@ class TerminalApprover:
         text = (f"\n{self.STYLE}[approval]{self.PLAIN} the agent wants to call {tool} -- outside "
                 f"the sandbox; {claim}.\ninput:\n{shown}\nfingerprint {request.fingerprint}\n"
                 f"{self.STYLE} Allow this one call to {tool}? {self.PLAIN} [y/N] ")
-        import termios
+        import termios               # (as getpass): only an approval prompts
         try:
             termios.tcflush(self.fd, termios.TCIFLUSH)      # nothing typed before it answers it
         except termios.error:
@@ -262,7 +261,6 @@ class TerminalApprover:
         return ops.Decision(answer in (b"y", b"yes"), self.who)
 
     def close(self):
-        import os
         os.close(self.fd)
 
 
