@@ -7,6 +7,7 @@ Everything a server or the config chose is escaped before it is printed, and no 
 env and header values come back masked from overlord.ops.mcp_config.
 """
 import os
+import shlex
 
 from overlord.cli import render as R
 from overlord.errors import UsageError
@@ -173,7 +174,6 @@ def _where(server):
     """The command line or the URL, escaped (the config chose it)."""
     if server["transport"] == "http":
         return R.escape_text(server["url"])
-    import shlex
     return R.escape_text(shlex.join([server["command"], *server["args"]]))
 
 
