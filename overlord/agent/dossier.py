@@ -3,8 +3,9 @@
 Sections, in order: the task (or, for a `run` session, its commands: the savepoints' causes),
 the grant envelope (grants, enforcement, attestation), a digest of the agent's transcript (each
 tool call with its input and a summary of its result), EXTERNAL ACTIONS (every connector call:
-what it was, who allowed it, what came back), the manifest (kind, path, before -> after hash, cause; its fingerprint is
-the verdict's), the content gate's findings, the unified diffs, and UNSEEN.
+what it was, who allowed it, what came back), the manifest (kind, path, before -> after hash,
+cause; its fingerprint is the verdict's), the content gate's findings, the unified diffs, and
+UNSEEN.
 
 Caps (the dossier must fit a model's context):
   PER_FILE  64 KiB  of one change's diff text; a session-side file larger than that is not
