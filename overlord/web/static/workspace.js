@@ -27,6 +27,11 @@
   const state = {settings: null, chats: [], sid: null, chat: null, source: null, running: false,
                  session: null, inspectorTimer: null, listTimer: null};
 
+  /* a call's input as the approval card prints it: pretty JSON, as text */
+  function inputText(value) {
+    try { return JSON.stringify(value, null, 2); } catch (e) { return String(value); }
+  }
+
   /* -- the conversation as it is drawn ---------------------------------------------------------- */
   class ChatView {
     constructor(el) {
@@ -221,8 +226,7 @@
       if (!a) {
         const claim = r.readonly_claim !== undefined && r.readonly_claim !== null ? !!r.readonly_claim
           : !!this.readonly.get(`${r.server}\u0000${r.tool}`);
-        let input;
-        try { input = JSON.stringify(r.input === undefined ? {} : r.input, null, 2); } catch (e) { input = String(r.input); }
+        const input = inputText(r.input === undefined ? {} : r.input);
         const allow = h("button", {class: "button primary small", type: "button"}, "Allow");
         const deny = h("button", {class: "button ghost danger-text small", type: "button"}, "Deny");
         const actions = h("div", {class: "approval-actions", hidden: true}, allow, deny);
@@ -278,9 +282,8 @@
       if (a) {
         a.done = true;
         if (a.r.input !== undefined) {
-          let input;
-          try { input = JSON.stringify(a.r.input, null, 2); } catch (e) { input = String(a.r.input); }
-          line.append(h("details", {class: "approval-what"}, h("summary", {}, "the input"), h("pre", {class: "approval-input"}, input)));
+          line.append(h("details", {class: "approval-what"}, h("summary", {}, "the input"),
+                        h("pre", {class: "approval-input"}, inputText(a.r.input))));
         }
         a.el.replaceWith(line);
       } else this.add(line);
