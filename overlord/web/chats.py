@@ -224,22 +224,14 @@ class Chats:
     def decide(self, sid, body, who=None):
         """A person's answer to the pending request: it must name exactly that call and its
         fingerprint (an approval authorizes one call), and a call is decided once."""
-        call, fingerprint, allow = body.get("call"), body.get("fingerprint"), body.get("allow")
-        token = body.get("request")
-        if not isinstance(call, str) or not call or len(call) > 200:
-            raise UsageError("call is the id of the tool call waiting for approval")
-        if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
-            raise UsageError("fingerprint is the pending call's fingerprint (64 hex digits)")
-        if not isinstance(allow, bool):
-            raise UsageError("allow is true or false")
-        if token is not None and (not isinstance(token, str) or len(token) > 64):
-            raise UsageError("request is the pending request's token")
+        call, fingerprint, allow, token = _decision(body)
         _chat_session(sid)
         ch = self.channel(sid)
         with ch.cond:
             if token in ch.decided:
-                raise OverlordError(f"call {call} was already {'allowed' if ch.decided[token] else 'denied'}: "
-                                    "a request is decided once", http_status=409)
+                was = "allowed" if ch.decided[token] else "denied"
+                raise OverlordError(f"call {call} was already {was}: a request is decided once",
+                                    http_status=409)
             pending = ch.pending
             if pending is None or ch.answer is not None:
                 raise OverlordError("nothing in this conversation is waiting for approval",
@@ -400,6 +392,21 @@ def _connectors(body):
     return list(dict.fromkeys(names)) or None
 
 
+def _decision(body):
+    """(call, fingerprint, allow, request token or None) of POST .../approval, each checked."""
+    call, fingerprint, allow = body.get("call"), body.get("fingerprint"), body.get("allow")
+    token = body.get("request")
+    if not isinstance(call, str) or not call or len(call) > 200:
+        raise UsageError("call is the id of the tool call waiting for approval")
+    if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
+        raise UsageError("fingerprint is the pending call's fingerprint (64 hex digits)")
+    if not isinstance(allow, bool):
+        raise UsageError("allow is true or false")
+    if token is not None and (not isinstance(token, str) or len(token) > 64):
+        raise UsageError("request is the pending request's token")
+    return call, fingerprint, allow, token
+
+
 def pending_view(request):
     """An ops.ApprovalRequest as the page shows it (the exact input: the card prints it all)."""
     return {"sid": request.sid, "turn": request.turn, "call": request.call,
@@ -489,8 +496,9 @@ def _connector(event):
         return None
     out = {k: c.get(k) for k in ("server", "tool", "fingerprint")}
     for k in ("sha256", "size"):
-        if c.get(k, event.get(k)) is not None:
-            out[k] = c.get(k, event.get(k))
+        value = c.get(k, event.get(k))
+        if value is not None:
+            out[k] = value
     return out
 
 
