@@ -42,6 +42,7 @@ import json
 import os
 import time
 
+from overlord.agent.connectors import names
 from overlord.errors import OverlordError
 from overlord.txn import store
 
@@ -223,7 +224,7 @@ def connector_fate(events, call, why):
     """What to tell the model of a connector call left without a result (why: what stopped
     it), or None for a call of the built-in tools: whether the gate let it out -- then it may
     have acted in the world, which nothing here undoes -- or not. events: from the call on."""
-    if not call["name"].startswith("mcp__"):
+    if not call["name"].startswith(names.PREFIX):
         return None
     for ev in events:
         if ev.get("type") == "approval" and ev.get("call") == call["id"]:

@@ -50,7 +50,6 @@ class _Lazy:
 mcp_client, mcp_config, names = _Lazy("client"), _Lazy("config"), _Lazy("names")
 CALL_TIMEOUT = 120.0              # seconds a connector call may take before it is cancelled
 START_TIMEOUT = 20.0              # seconds a server may take to start and answer the handshake
-PREFIX = "mcp__"
 
 
 class StartRefused(OverlordError):
@@ -262,7 +261,7 @@ class Hands:
             server, tool = self.withheld[name]
             return (f"{name} is withheld: {server}'s tool {tool!r} looks like a shell, and this "
                     "session does not hold the connector_shell grant")
-        if name.startswith(PREFIX):
+        if name.startswith(names.PREFIX):
             return f"unknown connector tool {name!r} (offered: {', '.join(sorted(self.offered)) or 'none'})"
         return None
 
