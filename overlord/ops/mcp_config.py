@@ -103,8 +103,8 @@ def mcp_test(name, *, start_timeout=START_TIMEOUT, cancel=None):
     {"name", "transport", "server_info", "version", "era", "instructions", "approval", "log",
     "tools": [{"tool", "offered", "title", "description", "readonly", "withheld"}]}.
     A server that fails is a ConnectorError (an OverlordError) of one line."""
-    from overlord.agent import tools as builtin
-    from overlord.agent.connectors import client
+    from overlord.agent import tools as builtin     # here: `mcp list` and the workspace's
+    from overlord.agent.connectors import client     # list never load the client
     cfg = config.load()
     server = cfg.get(name)
     log = _fresh_log(name)

@@ -91,7 +91,7 @@ def open(server, *, log=None, start_timeout=20.0, cancel=None):
     transport = getattr(server, "transport", None)
     events = Log(log, name)
     deadline = time.monotonic() + start_timeout
-    if transport == "stdio":
+    if transport == "stdio":             # (the transports import this module: not at the top)
         from overlord.agent.connectors import stdio
         wire = stdio.Stdio(server, events, deadline=deadline, cancel=cancel)
     elif transport == "http":
