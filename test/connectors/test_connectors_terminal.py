@@ -60,17 +60,26 @@ class Terminal:
         raise AssertionError(f"the run did not end:\n{self.seen.decode(errors='replace')}")
 
 
-def agent_argv(target, script, *flags):
-    return ["agent", "-t", target, "--provider", "scripted", "--script", script, *flags, "do it"]
+def at_the_terminal(home, target, tmp_path, turns):
+    """`overlord agent` granted server-everything, the model playing `turns`, on a pty."""
+    configure(home, {"everything": everything_argv()})
+    script = write_script(tmp_path, turns)
+    return Terminal(home, "kernel", ["agent", "-t", target, "--provider", "scripted", "--script",
+                                     script, "--connector", "everything", "do it"])
+
+
+def last_run(kovl, home):
+    """(sid, transcript events) of the newest session."""
+    sid = sorted(os.listdir(home / "sessions"))[-1]
+    return sid, kovl.events(sid)
 
 
 TOGGLE = {"name": "mcp__everything__toggle-simulated-logging", "input": {}}
 
 
 def test_the_operator_allows_one_call_and_denies_the_next(kovl, home, target, tmp_path):
-    configure(home, {"everything": everything_argv()})
-    script = write_script(tmp_path, [{"tool_calls": [TOGGLE]}, {"tool_calls": [TOGGLE]}, {"text": "ok"}])
-    term = Terminal(home, "kernel", agent_argv(target, script, "--connector", "everything"))
+    term = at_the_terminal(home, target, tmp_path,
+                           [{"tool_calls": [TOGGLE]}, {"tool_calls": [TOGGLE]}, {"text": "ok"}])
     shown = term.expect("[y/N] ")
     assert "everything:toggle-simulated-logging" in shown and "does not mark it read-only" in shown
     term.type(b"y\n")
@@ -80,8 +89,7 @@ def test_the_operator_allows_one_call_and_denies_the_next(kovl, home, target, tm
     term.type(b"n\n")
     term.expect("denied by the operator at the terminal")
     assert term.wait() == 0
-    sid = sorted(os.listdir(home / "sessions"))[-1]
-    ev = kovl.events(sid)
+    sid, ev = last_run(kovl, home)
     first, second = of_type(ev, "approval")
     assert first["allow"] and not second["allow"] and "terminal" in first["by"]
     assert [r["result"]["is_error"] for r in of_type(ev, "tool_result")] == [False, True]
@@ -102,14 +110,11 @@ def _interrupt(term):
 
 
 def test_ctrl_c_at_the_approval_prompt_ends_the_run(kovl, home, target, tmp_path):
-    configure(home, {"everything": everything_argv()})
-    script = write_script(tmp_path, [{"tool_calls": [TOGGLE]}, {"text": "never"}])
-    term = Terminal(home, "kernel", agent_argv(target, script, "--connector", "everything"))
+    term = at_the_terminal(home, target, tmp_path, [{"tool_calls": [TOGGLE]}, {"text": "never"}])
     term.expect("[y/N] ")
     code, took = _interrupt(term)
     assert code == 130 and took < STOP_WITHIN, (code, took, term.seen)
-    sid = sorted(os.listdir(home / "sessions"))[-1]
-    ev = kovl.events(sid)
+    sid, ev = last_run(kovl, home)
     assert of_type(ev, "done")[0]["reason"] == "cancelled"
     (decision,) = of_type(ev, "approval")
     assert not decision["allow"]
@@ -117,10 +122,8 @@ def test_ctrl_c_at_the_approval_prompt_ends_the_run(kovl, home, target, tmp_path
 
 
 def test_ctrl_c_during_a_connector_call_ends_the_run(kovl, home, target, tmp_path):
-    configure(home, {"everything": everything_argv()})
     slow = {"name": "mcp__everything__trigger-long-running-operation", "input": {"duration": 60, "steps": 60}}
-    script = write_script(tmp_path, [{"tool_calls": [slow]}, {"text": "never"}])
-    term = Terminal(home, "kernel", agent_argv(target, script, "--connector", "everything"))
+    term = at_the_terminal(home, target, tmp_path, [{"tool_calls": [slow]}, {"text": "never"}])
     term.expect("everything:trigger-long-running-operation")
     deadline = time.monotonic() + 30   # allowed (read-only): the call goes out right after the decision act
     while "connector.decision" not in [a["action"] for a in acts(home)]:
@@ -128,8 +131,7 @@ def test_ctrl_c_during_a_connector_call_ends_the_run(kovl, home, target, tmp_pat
         time.sleep(0.02)
     code, took = _interrupt(term)
     assert code == 130 and took < STOP_WITHIN, (code, took, term.seen)
-    sid = sorted(os.listdir(home / "sessions"))[-1]
-    ev = kovl.events(sid)
+    sid, ev = last_run(kovl, home)
     assert of_type(ev, "done")[0]["reason"] == "cancelled"
     res = of_type(ev, "tool_result")[0]
     assert res["cancelled"] and res["result"]["is_error"]
