@@ -190,10 +190,8 @@ def test_a_resumed_session_keeps_its_connectors_under_todays_policy(kovl, home, 
              {"text": "first"},
              {"tool_calls": [{"name": "mcp__everything__echo", "input": {"message": "two"}}]},
              {"text": "second"}]
-    script = tmp_path / "resume-script.json"
-    script.write_text(json.dumps(turns))
-    sid, proc = kovl.agent(target, "go", "--provider", "scripted", "--script", script,
-                           "--connector", "everything", check=0)
+    sid, proc = kovl.scripted(target, tmp_path, turns, "--connector", "everything", task="go",
+                              check=0)
     kovl("resume", sid, "--note", "again", check=0)
     contents = [r["result"]["content"] for r in of_type(kovl.events(sid), "tool_result")]
     assert "one" in contents[0] and "two" in contents[1]
@@ -274,10 +272,8 @@ def test_a_rewind_that_drops_a_sent_call_tells_the_model_it_still_acted(kovl, ho
              {"tool_calls": [{"name": "mcp__everything__toggle-simulated-logging", "input": {}},
                              {"name": "write_file", "input": {"path": "b.txt", "content": "b\n"}}]},
              {"text": "done"}, {"text": "after the rewind"}]
-    script = tmp_path / "rewind-script.json"
-    script.write_text(json.dumps(turns))
-    sid, proc = kovl.agent(target, "go", "--provider", "scripted", "--script", script,
-                           "--connector", "everything", check=0)
+    sid, proc = kovl.scripted(target, tmp_path, turns, "--connector", "everything", task="go",
+                              check=0)
     kovl("rewind", sid, "--to", "0", check=0)          # the turn with the connector call goes
     (rewind,) = of_type(kovl.events(sid), "rewind")
     assert [x["tool"] for x in rewind["external"]] == ["toggle-simulated-logging"]

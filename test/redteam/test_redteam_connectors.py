@@ -31,8 +31,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "test", "connectors"))
 
 from conftest import require_backend  # noqa: E402
-from connlib import ENV, Hostile, acts, configure, of_type, results, tool  # noqa: E402,F401
-
+from connlib import (ENV, Hostile, acts, configure, of_type, results, tool,  # noqa: E402,F401
+                     write_script)
 
 
 # -- the harness -------------------------------------------------------------------------------
@@ -53,9 +53,7 @@ def server_of(name, argv, env=None):
 
 
 def script(tmp_path, turns):
-    path = tmp_path / f"script-{len(list(tmp_path.glob('script-*.json')))}.json"
-    path.write_text(json.dumps({"model": "scripted-redteam", "turns": turns}))
-    return str(path)
+    return str(write_script(tmp_path, turns, model="scripted-redteam"))
 
 
 def cli_env(home):
