@@ -1,11 +1,12 @@
 """What the connector suites share: mcp.json written for a test, the hostile MCP server for
 the failure cases (a fake that records every message it received), the audit acts of a
-session, and the agent test helpers (test/agent's agentlib and fakes, on the path here).
-Imported as `from connlib import ...`."""
+session, waiting on a process or a condition, and the agent test helpers (test/agent's
+agentlib and fakes, on the path here). Imported as `from connlib import ...`."""
 import json
 import os
 import sys
 import textwrap
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "agent"))
 
@@ -190,6 +191,31 @@ MODES = {"": {}, "die-at-start": {"start": {"exit": 3}}, "hang-at-start": {"star
 def fake_server(tmp_path, tools, mode=""):
     """argv of a fake stdio MCP server offering `tools` (dicts), misbehaving as `mode` says."""
     return Hostile(tmp_path, tools, **MODES[mode]).argv
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+def alive(pid):
+    """Running (a zombie is not: an orphan's zombie is its reaper's to collect)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def until(predicate, what, timeout=10.0):
+    """Wait for a condition, failing with `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def pid_in(path):
+    """The pid a server wrote into path, once it has."""
+    until(lambda: path.exists() and path.read_text(), f"{path.name}")
+    return int(path.read_text())
 
 
 def tool(name, description="", props=None, readonly=None):

@@ -14,6 +14,7 @@ import types
 import pytest
 
 from conftest import REPO
+from connlib import alive, pid_in, until
 from overlord.agent.cancel import Cancel, Cancelled
 from overlord.agent.connectors import client
 from overlord.agent.connectors.client import ConnectorError
@@ -98,27 +99,6 @@ def fake(fake_script, tmp_path):
     yield open_fake
     for c in opened:
         c.close()
-
-
-def alive(pid):
-    """Running (a zombie is not: an orphan's zombie is its reaper's to collect)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
-        return False
-
-
-def until(predicate, what, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def pid_in(path):
-    until(lambda: path.exists() and path.read_text(), f"{path.name}")
-    return int(path.read_text())
 
 
 def in_thread(fn):

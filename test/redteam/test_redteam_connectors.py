@@ -31,8 +31,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "test", "connectors"))
 
 from conftest import require_backend  # noqa: E402
-from connlib import (ENV, Hostile, acts, configure, of_type, results, tool,  # noqa: E402,F401
-                     write_script)
+from connlib import (ENV, Hostile, acts, alive, configure, of_type, pid_in, results,  # noqa: E402,F401
+                     tool, until, write_script)
 
 
 # -- the harness -------------------------------------------------------------------------------
@@ -142,51 +142,26 @@ def test_a_server_runs_in_its_own_session_without_our_terminal(tmp_path, home):
     assert got["tty"] in (errno.ENXIO, errno.ENOENT, errno.EIO), got   # no controlling terminal
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _gone_within(pid, seconds):
-    deadline = time.monotonic() + seconds
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _pid(path, seconds=10):
-    deadline = time.monotonic() + seconds
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, "the server never wrote its child's pid"
-        time.sleep(0.02)
-    return int(path.read_text())
-
-
 def test_close_ends_the_servers_whole_process_group(tmp_path, home):
     pidfile = tmp_path / "child.pid"
     hostile = Hostile(tmp_path, [READ], start={"group_child": str(pidfile)})
     c = _open(tmp_path, hostile)
-    child = _pid(pidfile)
-    assert _alive(child)
+    child = pid_in(pidfile)
+    assert alive(child)
     c.close()
-    assert _gone_within(child, 3), "a child in the server's process group outlived close()"
+    until(lambda: not alive(child), "a child in the server's process group to end at close()", 3)
 
 
 def test_close_ends_a_child_that_left_the_process_group(tmp_path, home):
     pidfile = tmp_path / "escaped.pid"
     hostile = Hostile(tmp_path, [READ], start={"setsid_child": str(pidfile)})
     c = _open(tmp_path, hostile)
-    child = _pid(pidfile)
+    child = pid_in(pidfile)
     try:
         c.close()
-        assert _gone_within(child, 3), "a child that called setsid() outlived close()"
+        until(lambda: not alive(child), "a child that called setsid() to end at close()", 3)
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, 9)
 
 
@@ -638,7 +613,7 @@ def test_resume_after_a_crash_mid_call_does_not_say_a_sent_call_never_ran(kernel
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
         for pid in (int(p) for p in pids.read_text().split()):
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     (sid,) = os.listdir(kernel / "sessions")
     assert [a["action"] for a in acts(kernel, sid)][-1] == "connector.decision"
