@@ -193,7 +193,7 @@ class Hands:
                 listed[name] = client.list_tools(cancel=self.cancel, timeout=_start_timeout())
             except mcp_client.ConnectorError as exc:
                 errors[name] = str(exc)
-                self.clients[name] = None
+                _close_quietly(self.clients.pop(name, None))    # its process and threads end now
                 continue
             self.info[name] = {"transport": self.servers[name].transport, "era": client.era,
                                "version": client.version,

@@ -257,6 +257,10 @@ def test_a_tools_list_that_never_answers_is_held_to_the_start_timeout(kernel, ta
     assert took < 8, f"the run was still waiting for tools/list {took:.0f} s after a 1 s start timeout"
     (started_ev,) = of_type(_events(result.sid), "connectors")
     assert "box" in started_ev["errors"]
+    # the server that failed its start is closed then and there: no process, no thread of it
+    # outlives the run (a thread left behind makes this process unsafe to fork for a jail)
+    stray = [t.name for t in threading.enumerate() if t.name.startswith("mcp-box")]
+    assert stray == [], stray
 
 
 # == names and fingerprints (a hostile server's names, a hostile model's arguments) ===========
