@@ -113,7 +113,7 @@ def mcp_test(name, *, start_timeout=START_TIMEOUT, cancel=None):
     except client.ConnectorError as exc:
         raise _with_log(exc, log) from None
     try:
-        tools = c.list_tools(cancel=cancel)
+        tools = c.list_tools(cancel=cancel, timeout=start_timeout)
         table = names.table({name: tools}, set(builtin.BY_NAME))
     except client.ConnectorError as exc:
         raise _with_log(exc, log) from None
