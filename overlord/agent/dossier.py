@@ -205,56 +205,78 @@ def _event_line(ev, results):
     return None
 
 
-def _external(session, events, fence):
+def external_calls(session, events):
     """Every connector call the session made, from its acts on the audit chain -- the record a
-    rewind does not cut and the model cannot shape -- in order: server and tool, the input
-    (found by its fingerprint in the transcript or a rewound tail), the gate's decision and who
-    made it, what came back (hash and size, or the error)."""
+    rewind does not cut and the model cannot shape -- in order: [{turn, server, tool,
+    fingerprint, input (its JSON text, found by the fingerprint in the transcript or a rewound
+    tail; None if neither holds it), decision ("allow" | "deny" | None: the run stopped at the
+    gate), approver, mode, outcome ("result" | "error" | "cancelled" | "unanswered" | None),
+    sha256, size, is_error, error}]. Raises OverlordError when the chain cannot be read."""
+    acts = [a for a in audit.entries(action="connector") if a.get("sid") == session.sid]
+    inputs = _inputs(session, events)
+    grouped = []                 # [call act, decision act or None, result act or None]
+    for act in acts:
+        kind = act.get("action")
+        if kind == "connector.call":
+            grouped.append([act, None, None])
+        elif grouped and act.get("fingerprint") == grouped[-1][0].get("fingerprint"):
+            slot = {"connector.decision": 1, "connector.result": 2}.get(kind)
+            if slot and grouped[-1][slot] is None:
+                grouped[-1][slot] = act
+    out = []
+    for call, decision, res in grouped:
+        row = {k: call.get(k) for k in ("turn", "server", "tool", "fingerprint")}
+        row["input"] = inputs.get(call.get("fingerprint"))
+        row.update(decision=decision and decision.get("decision"), approver=decision and
+                   decision.get("approver"), mode=decision and decision.get("mode"),
+                   sha256=None, size=None, is_error=None, error=None, outcome=None)
+        if row["decision"] == "allow":
+            row["outcome"] = ("unanswered" if res is None else "cancelled" if res.get("cancelled")
+                              else "error" if res.get("error") else "result")
+            if res is not None:
+                row.update(sha256=res.get("sha256"), size=res.get("size"),
+                           is_error=res.get("is_error"), error=res.get("error"))
+        out.append(row)
+    return out
+
+
+def _external(session, events, fence):
+    """EXTERNAL ACTIONS: external_calls() as the reviewer reads them."""
     meta = session.meta
     if not meta.get("connectors"):
         return "none: this session had no connectors, so nothing acted outside the sandbox\n"
     try:
-        acts = [a for a in audit.entries(action="connector") if a.get("sid") == session.sid]
+        calls = external_calls(session, events)
     except OverlordError as exc:
         return f"the audit chain cannot be read ({escape_text(str(exc))}): the connector calls are unknown\n"
-    inputs = _inputs(session, events)
-    calls = []                   # [call act, decision act or None, result act or None]
-    for act in acts:
-        kind = act.get("action")
-        if kind == "connector.call":
-            calls.append([act, None, None])
-        elif calls and act.get("fingerprint") == calls[-1][0].get("fingerprint"):
-            slot = {"connector.decision": 1, "connector.result": 2}.get(kind)
-            if slot and calls[-1][slot] is None:
-                calls[-1][slot] = act
-    lines = []
-    for call, decision, res in calls:
-        lines += _external_lines(call, decision, res, inputs.get(call.get("fingerprint")))
+    lines = [line for call in calls for line in _external_lines(call)]
     granted = ", ".join(meta["connectors"].get("names") or [])
     head = f"granted connectors: {escape_text(granted)}; {len(calls)} calls (from the audit chain)\n"
     return head + (fence("connector calls", "\n".join(lines)) if lines else "no connector was called\n")
 
 
-def _external_lines(call, decision, res, raw):
+OUTCOMES = {"unanswered": "sent; no result was recorded (the run stopped while it ran)",
+            "cancelled": "cancelled while it ran (it may have acted)"}
+
+
+def _external_lines(call):
+    raw = call["input"]
     shown = escape_block(_clip(raw, INPUT_CAP)) if raw is not None else "(not in the transcript)"
-    lines = [f"[turn {call.get('turn')}] {escape_text(str(call.get('server')))}:"
-             f"{escape_text(str(call.get('tool')))} input {shown} (fingerprint {call.get('fingerprint')})"]
-    if decision is None:
+    lines = [f"[turn {call['turn']}] {escape_text(str(call['server']))}:"
+             f"{escape_text(str(call['tool']))} input {shown} (fingerprint {call['fingerprint']})"]
+    if call["decision"] is None:
         return lines + ["    not decided: the run stopped before the gate"]
-    allowed = decision.get("decision") == "allow"
-    lines.append(f"    {'allowed' if allowed else 'DENIED'} by {escape_text(str(decision.get('approver')))}"
-                 f" (approval mode {escape_text(str(decision.get('mode')))})")
-    if not allowed:
+    lines.append(f"    {'allowed' if call['decision'] == 'allow' else 'DENIED'} by "
+                 f"{escape_text(str(call['approver']))} (approval mode {escape_text(str(call['mode']))})")
+    if call["decision"] != "allow":
         return lines
-    if res is None:
-        outcome = "sent; no result was recorded (the run stopped while it ran)"
-    elif res.get("cancelled"):
-        outcome = "cancelled while it ran (it may have acted)"
-    elif res.get("error"):
-        outcome = f"failed: {escape_text(_clip(res['error'], RESULT_CAP))}"
+    if call["outcome"] == "error":
+        outcome = f"failed: {escape_text(_clip(call['error'], RESULT_CAP))}"
+    elif call["outcome"] == "result":
+        outcome = (f"result sha256 {call['sha256']}, {call['size']} bytes"
+                   + (", an error" if call["is_error"] else ""))
     else:
-        outcome = (f"result sha256 {res.get('sha256')}, {res.get('size')} bytes"
-                   + (", an error" if res.get("is_error") else ""))
+        outcome = OUTCOMES[call["outcome"]]
     return lines + [f"    {outcome}"]
 
 

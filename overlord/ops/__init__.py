@@ -14,7 +14,7 @@ _EXPORTS = {
     "audit": ("audit_checkpoint", "audit_key", "audit_show", "audit_status", "audit_verify", "audit_witness", "audit_witness_serve"),
     "agent": ("AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript"),
     "cancel": ("Cancel", "Cancelled"),
-    "connectors": ("ApprovalRequest", "Decision", "approval_mode", "connector_list"),
+    "connectors": ("ApprovalRequest", "Decision", "approval_mode", "connector_list", "external_actions"),
     "countersign": ("Standing", "review", "reviews", "standing"),
     "check": ("CheckReport", "check"),
     "decide": ("CommitResult", "commit", "rollback"),

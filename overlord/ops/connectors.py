@@ -149,6 +149,18 @@ def connector_list():
     return [{"name": s.name, "transport": s.transport} for s in cfg.servers.values()]
 
 
+def external_actions(sid):
+    """The session's connector calls as the dossier lists them (dossier.external_calls: from
+    the audit chain), for a face's inspector; [] for a session that had no connectors."""
+    from overlord.agent import dossier
+    from overlord.agent import transcript as T
+    from overlord.ops.review import get_session
+    session = get_session(sid)
+    if not session.meta.get("connectors"):
+        return []
+    return dossier.external_calls(session, T.read(session.dir) if T.exists(session.dir) else [])
+
+
 def approval_mode():
     return mcp_config.load().approval
 

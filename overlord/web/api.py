@@ -175,7 +175,17 @@ def dossier(app, sid):
         "reviews": _reviews(sid, meta, staged),
         "reviewing": app.reviews.status(sid),
         "countersign": _countersign(app, meta),
+        "external": _external(sid),
     }
+
+
+def _external(sid):
+    """The connector calls (outside the sandbox, not undone by Discard), or None when the
+    audit chain that holds them cannot be read."""
+    try:
+        return ops.external_actions(sid)
+    except OverlordError:
+        return None
 
 
 def _committed_diffs(sid, rows):

@@ -354,6 +354,13 @@ def test_a_person_grants_a_connector_allows_one_card_and_denies_another(home, ta
         tools.nth(0).locator("summary").click()
         expect(tools.nth(0).locator(".connector-record")).to_contain_text("sha256")
         assert page.evaluate("window.__pwned") is None
+        # the inspector lists what acted outside the sandbox, from the audit chain
+        rows = page.locator("#external .external-row")
+        expect(rows).to_have_count(3)
+        expect(rows.nth(0)).to_contain_text("allowed by workspace; a result")
+        expect(rows.nth(1)).to_contain_text("allowed by readOnlyHint")
+        expect(rows.nth(2)).to_contain_text("denied by workspace; not sent")
+        shot(page, "workspace-external-1440.png", tmp_path)
         # the phone page followed along
         expect(phone.locator(".approval-line.asked.denied")).to_be_visible()
     finally:

@@ -565,6 +565,7 @@
       }
     }
     d.diffs.forEach((x, i) => { if (!x.directory) diffs.append(fileDiff(x, `diff-${i}`)); });
+    externalList(d.external);
     const points = d.savepoints.filter((p) => !(p.cause && p.cause.event === "open" && !p.paths));
     $("steps-section").hidden = !points.length;
     for (const p of points) {
@@ -579,6 +580,24 @@
     $("countersign-section").hidden = !reviewable && !(d.reviews || []).length;
     clear($("countersign")).append(countersignPanel(d, {where: "workspace", onChange: () => { if (state.sid === sid) refreshInspector(); }}));
     decidePanel(d);
+  }
+
+  /* the connector calls, from the audit chain: what acted outside, who let it, what came back */
+  function externalList(calls) {
+    const list = clear($("external"));
+    $("external-section").hidden = !calls || !calls.length;
+    for (const c of calls || []) {
+      const decided = c.decision === "allow" ? `allowed by ${c.approver}`
+        : c.decision === "deny" ? `denied by ${c.approver}` : "stopped at the gate";
+      const outcome = c.decision !== "allow" ? "not sent"
+        : c.outcome === "result" ? `${c.is_error ? "an error" : "a result"}, ${c.size} bytes`
+        : c.outcome === "error" ? `failed: ${c.error}`
+        : c.outcome === "cancelled" ? "cancelled while it ran (it may have acted)"
+        : "sent; no result recorded";
+      list.append(h("li", {class: `external-row ${c.decision === "allow" ? "sent" : "held"}`},
+        h("span", {class: "external-tool"}, `${c.server} · ${c.tool}`),
+        h("span", {class: "muted small"}, `${decided}; ${outcome}`)));
+    }
   }
 
   function setCount(n) {
