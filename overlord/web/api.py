@@ -24,7 +24,7 @@ PRIVILEGED_BODY = "allow_privileged_modes"
 META_KEYS = ("sid", "state", "target", "backend", "command", "created", "finished", "committed",
              "rolled_back", "exit_code", "grants", "enforcement", "trace", "forked_from", "audit",
              "interrupted", "forced", "merged", "committed_layers", "limit", "rewinds", "pinned",
-             "merge_base", "allowed_privileged", "reverts", "clearance")
+             "merge_base", "allowed_privileged", "reverts", "clearance", "connectors")
 FORCE_OVERRIDES = "--force overrides"
 DRIFT_WORDS = {
     "modified-externally": "was changed outside OVERLORD after this session began",

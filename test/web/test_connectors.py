@@ -361,6 +361,15 @@ def test_a_person_grants_a_connector_allows_one_card_and_denies_another(home, ta
         expect(rows.nth(1)).to_contain_text("allowed by readOnlyHint")
         expect(rows.nth(2)).to_contain_text("denied by workspace; not sent")
         shot(page, "workspace-external-1440.png", tmp_path)
+        console = pages(1440, 900)
+        console.goto(f"{ui.base}/console?token={ui.token}#{sid}")
+        ledger = console.locator(".external-ledger tbody tr")
+        expect(ledger).to_have_count(3)
+        expect(ledger.nth(2)).to_contain_text("denied by workspace")
+        expect(console.locator(".doc-section h3").nth(2)).to_contain_text("External actions")
+        expect(console.locator(".envelope")).to_contain_text("everything")
+        assert console.evaluate("window.__pwned") is None
+        shot(console, "console-external-1440.png", tmp_path)
         # the phone page followed along
         expect(phone.locator(".approval-line.asked.denied")).to_be_visible()
     finally:

@@ -82,12 +82,30 @@
       h("p", {class: "doc-sub"}, `${m.target} \u00b7 ${m.backend} backend \u00b7 opened ${when(m.created)}`,
         m.forked_from ? ` \u00b7 forked from ${m.forked_from.sid} at @${m.forked_from.at}` : "",
         d.running ? " \u00b7 the agent is working in it now" : ""),
-      section(1, "Grant envelope", envelope(d)),
-      section(2, "Manifest", manifest(d)),
-      section(3, "Savepoint chain", chain(d)),
-      section(4, "Per-file diff", diffSection(d)),
-      section(5, "Countersignature", countersignPanel(d, {where: "console", onChange: () => { if (current === m.sid) show(m.sid); }})),
-      section(6, "Disposition", disposition(d)));
+      ...[["Grant envelope", envelope(d)],
+          ["Manifest", manifest(d)],
+          d.external && d.external.length ? ["External actions", external(d.external)] : null,
+          ["Savepoint chain", chain(d)],
+          ["Per-file diff", diffSection(d)],
+          ["Countersignature", countersignPanel(d, {where: "console", onChange: () => { if (current === m.sid) show(m.sid); }})],
+          ["Disposition", disposition(d)]]
+        .filter(Boolean).map(([title, body], i) => section(i + 1, title, body)));
+  }
+
+  /* connector calls, from the audit chain: they acted outside the sandbox and the manifest */
+  function external(calls) {
+    return h("div", {},
+      h("p", {class: "hint"}, "Connector calls run outside the sandbox: they are not in the manifest, and neither Discard nor a rewind undoes them."),
+      h("table", {class: "ledger external-ledger"},
+        h("thead", {}, h("tr", {}, h("th", {}, "turn"), h("th", {}, "call"), h("th", {}, "input"), h("th", {}, "decision"), h("th", {}, "outcome"))),
+        h("tbody", {}, calls.map((c) => h("tr", {},
+          h("td", {}, String(c.turn ?? "")),
+          h("td", {class: "mono"}, `${c.server} · ${c.tool}`),
+          h("td", {class: "mono small"}, c.input === null ? "(not in the transcript)" : c.input.length > 300 ? c.input.slice(0, 300) + "…" : c.input),
+          h("td", {}, c.decision ? `${c.decision === "allow" ? "allowed" : "denied"} by ${c.approver}` : "stopped at the gate"),
+          h("td", {class: "small"}, c.decision !== "allow" ? "not sent"
+            : c.outcome === "result" ? `${c.is_error ? "error result" : "result"} ${c.size} bytes, sha256 ${String(c.sha256).slice(0, 12)}…`
+            : c.outcome === "error" ? `failed: ${c.error}` : c.outcome === "cancelled" ? "cancelled while it ran" : "sent; no result recorded"))))));
   }
 
   function diffSection(d) {
@@ -120,6 +138,8 @@
       items.push(["Model", `${d.agent.model || "?"} (${d.agent.provider || "?"})`]);
       items.push(["Endpoint", d.agent.endpoint.base_url || "the provider's own"]);
       if (d.agent.audit) items.push(["Preset", "containment audit"]);
+      const held = m.connectors;
+      items.push(["Connectors", held && held.names.length ? held.names.join(", ") + (held.shell ? " (shell-shaped tools too)" : "") : "none"]);
     }
     return h("dl", {class: "envelope"}, items.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
   }
