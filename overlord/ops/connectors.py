@@ -109,7 +109,7 @@ def grant(target, asked, shell=False, brokered=False):
                 source = rule.source("connectors")
                 where = f"policy {source}" if source != policy.BUILT_IN else \
                     "policy (no rule names connectors for this folder; a brokered session gets none)"
-                shown = ", ".join(allowed) or "none"
+                shown = ", ".join(escape_text(str(a)) for a in allowed) or "none"
                 raise OverlordError(f"{where} allows connectors: {shown}; this request asked for "
                                     f"{escape_text(name)}", http_status=403)
     if shell and not rule["connector_shell"]:
