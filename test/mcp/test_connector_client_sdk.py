@@ -378,3 +378,40 @@ def test_a_refused_token_is_a_clean_line_without_the_secret(overlord_http):
     message = str(err.value)
     assert message.startswith("connector sdk: initialize failed: HTTP 401: unauthorized")
     assert "wrong-secret" not in message and "\n" not in message
+
+
+# -- the agent, end to end, with the SDK server as a connector -----------------------------------
+
+@pytest.mark.parametrize("mode,allowed", [("ask", False), ("auto", True), ("readonly", False)])
+def test_the_agent_calls_the_sdk_server_through_the_gate_in_each_mode(sdk_servers, home, target,
+                                                                      tmp_path, mode, allowed):
+    from conftest import Ovl, require_backend
+    require_backend("kernel")
+    url, _ = sdk_servers["sse"]
+    path = home / "mcp.json"
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"approval": mode, "servers": {"sdk": {"url": url, "headers": {"X-Probe": "agent"}}}}, f)
+    script = tmp_path / "turns.json"
+    script.write_text(json.dumps([
+        {"tool_calls": [{"name": "mcp__sdk__shout", "input": {"text": "quiet"}}]},   # read-only
+        {"tool_calls": [{"name": "mcp__sdk__whoami", "input": {}}]},                 # acts: the gate
+        {"text": "done"}]))
+    ovl = Ovl(home, "kernel")
+    proc = ovl("agent", "-t", target, "--provider", "scripted", "--script", script,
+               "--connector", "sdk", "go", check=0)
+    sid = proc.out.split("session ")[-1].split()[0]
+    events = [json.loads(line) for line in (home / "sessions" / sid / "transcript.jsonl").read_text().splitlines()]
+    (started,) = [e for e in events if e["type"] == "connectors"]
+    assert started["servers"]["sdk"]["era"] == "stateless" and started["servers"]["sdk"]["version"] == "2026-07-28"
+    out = {e["call"]: e["result"] for e in events if e["type"] == "tool_result"}
+    assert out["call_0_0"]["content"] == "QUIET" and not out["call_0_0"]["is_error"]
+    if allowed:
+        assert out["call_1_0"]["content"] == "probe=agent version=2026-07-28"
+    else:
+        assert out["call_1_0"]["is_error"] and "not sent" in out["call_1_0"]["content"]
+    acts = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
+    acts = [a["action"] for a in acts if a.get("sid") == sid and a["action"].startswith("connector.")]
+    assert acts == ["connector.call", "connector.decision", "connector.result",
+                    "connector.call", "connector.decision"] + (["connector.result"] if allowed else [])
