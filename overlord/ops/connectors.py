@@ -253,8 +253,9 @@ class Hands:
         return self.session.path(f"connector-{name}.log")
 
     def close(self):
+        """End every server; quickly when the run was stopped (the person is waiting)."""
         for client in self.clients.values():
-            _close_quietly(client)
+            _close_quietly(client, hurry=self.cancel.is_set())
         self.clients = {}
 
     # -- calls ---------------------------------------------------------------------------------
@@ -414,12 +415,12 @@ class Hands:
                                cancelled=cancelled, connector=where)
 
 
-def _close_quietly(client):
+def _close_quietly(client, hurry=False):
     """Close a client (None: not connected); closing a dead server is not the run's failure."""
     if client is None:
         return
     try:
-        client.close()
+        client.close(hurry=hurry)
     except Exception:  # noqa: BLE001
         pass
 

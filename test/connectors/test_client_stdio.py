@@ -44,6 +44,8 @@ if mode == "stderr":
     for _ in range(8):
         os.write(2, b"E" * (1 << 20))
     os.write(2, b"\nSTDERR-END\n")
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)         # and stays on after its stdin closes
 with open(os.path.join(state, "server.pid"), "w") as f:
     f.write(str(os.getpid()))
 for line in sys.stdin:
@@ -70,6 +72,8 @@ for line in sys.stdin:
             os.kill(os.getpid(), signal.SIGKILL)
         for said in ("first", "second"):
             send({"jsonrpc": "2.0", "id": i, "result": {"content": [{"type": "text", "text": said}]}})
+if mode == "stubborn":
+    time.sleep(120)
 """
 
 
@@ -184,6 +188,17 @@ def test_close_ends_every_process_the_server_left_even_out_of_its_group(fake, tm
     assert all(alive(p) for p in pids)
     c.close()
     until(lambda: not any(alive(p) for p in pids), "the server and both children to end", 3)
+
+
+def test_a_hurried_close_ends_a_server_that_ignores_eof_and_sigterm_at_once(fake, tmp_path):
+    """After a stop (a person waits at the prompt) close does not sit out the graces."""
+    c, _ = fake("stubborn")
+    pid = pid_in(tmp_path / "server.pid")
+    started = time.monotonic()
+    c.close(hurry=True)
+    took = time.monotonic() - started
+    assert took < 1.0, took
+    until(lambda: not alive(pid), "the stubborn server to end", 3)
 
 
 def test_a_server_we_cannot_start_is_a_clean_error(tmp_path):

@@ -169,13 +169,14 @@ class Client:
         return CallResult(text=text, is_error=is_error, sha256=hashlib.sha256(data).hexdigest(),
                           size=len(data), truncated=truncated)
 
-    def close(self):
-        """End the conversation (stdio: the process and its whole group; http: the session)."""
+    def close(self, hurry=False):
+        """End the conversation (stdio: the process and its whole group; http: the session).
+        hurry: the run was stopped and a person waits -- short graces, then SIGKILL (stdio)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._wire.close()
+        self._wire.close(hurry=hurry)
 
     # -- connecting ---------------------------------------------------------------------------
 

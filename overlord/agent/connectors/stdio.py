@@ -353,14 +353,17 @@ class Stdio:
     def notify(self, message):
         self._send(message)
 
-    def close(self):
+    def close(self, hurry=False):
+        """hurry (the run was stopped: a person is waiting for the prompt): a tenth of the
+        graces, then SIGKILL -- the server was already told to cancel what it was doing."""
+        grace, term = (GRACE / 10, (TERM_GRACE + GRACE) / 4) if hurry else (GRACE, TERM_GRACE + GRACE)
         with self.cond:
             self.closing = True            # the writer writes what is queued, then closes stdin
             self.cond.notify_all()
-        if not self._exited(GRACE):
+        if not self._exited(grace):
             self._stop_writer()
             self._close_lifeline()         # the supervisor: SIGTERM, a grace, SIGKILL, sweep
-            if not self._exited(TERM_GRACE + GRACE):
+            if not self._exited(term):
                 self._signal(signal.SIGKILL)
         self.reader.join(GRACE)            # the server's tree is gone: its pipes are at EOF
         if self.drainer is not None:
