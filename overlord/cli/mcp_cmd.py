@@ -89,8 +89,8 @@ def _connector_parsers(s):
                      "needs the connector_shell grant for those). The server's stderr goes to "
                      "OVERLORD_HOME/mcp-test-NAME.log. A server that fails is one line, exit 1.")
     t.add_argument("name", metavar="NAME", help="a name `overlord mcp list` shows")
-    t.add_argument("--timeout", type=float, default=20.0, metavar="SECONDS",
-                   help="how long the server may take to start (default: 20)")
+    t.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="how long the server may take to start (default: 20, as in a session)")
     t.add_argument("--json", action="store_true", help="machine-readable output")
 
     rm = s.add_parser("rm", help="remove a configured connector",
@@ -184,7 +184,7 @@ def _secrets(server):
 
 
 def _test(args):
-    if not args.timeout > 0:
+    if args.timeout is not None and not args.timeout > 0:
         raise UsageError("--timeout: a number of seconds above 0")
     report = _ops().mcp_test(args.name, start_timeout=args.timeout)
     if args.json:

@@ -13,7 +13,6 @@ from overlord.txn import store
 
 FLAGS = {"name": "NAME", "command": "--command", "args": "--arg", "env": "--env",
          "url": "--url", "headers": "--header"}
-START_TIMEOUT = 20.0
 
 
 def _pairs(entries, sep, flag, what):
@@ -98,13 +97,15 @@ def test_log_path(name):
     return os.path.join(store.home(), f"mcp-test-{name}.log")
 
 
-def mcp_test(name, *, start_timeout=START_TIMEOUT, cancel=None):
+def mcp_test(name, *, start_timeout=None, cancel=None):
     """Connect to a configured server and list its tools as a session would be offered them:
     {"name", "transport", "server_info", "version", "era", "instructions", "approval", "log",
     "tools": [{"tool", "offered", "title", "description", "readonly", "withheld"}]}.
     A server that fails is a ConnectorError (an OverlordError) of one line."""
     from overlord.agent import tools as builtin     # here: `mcp list` and the workspace's
     from overlord.agent.connectors import client     # list never load the client
+    from overlord.ops.connectors import START_TIMEOUT     # the one a session's start is held to
+    start_timeout = start_timeout or START_TIMEOUT
     cfg = config.load()
     server = cfg.get(name)
     log = _fresh_log(name)
