@@ -143,8 +143,8 @@ class Loop:
                 summary, extra = hands.summary(name, args), {"connector": hands.describe(name, args)}
             else:
                 problem = problem or (self.connectors and self.connectors.unknown(name)) or \
-                    tools.check_input(name, args)
-                summary, extra = tools.summary(name, args), {}
+                    self.toolbox.check_input(name, args)
+                summary, extra = self.toolbox.summary(name, args), {}
             self.record.record("tool_call", turn=turn, call=call.id, tool=name, input=args,
                                summary=summary, refused=problem, **extra)
             if problem:
@@ -183,7 +183,8 @@ class Loop:
                            truncated=outcome.truncated,
                            timed_out=outcome.timed_out, cancelled=outcome.cancelled,
                            ms=int(seconds * 1000),
-                           **({"connector": outcome.connector} if outcome.connector else {}))
+                           **({"connector": outcome.connector} if outcome.connector else {}),
+                           **({"denial": outcome.denial} if outcome.denial else {}))
 
     def _answer_all(self, why):
         """Give every call still without a result one saying it never ran."""

@@ -111,8 +111,10 @@ def conditions(s):
     return "\n".join(lines)
 
 
-def system_prompt(situation, extra=None):
-    parts = [conditions(situation), GUIDE]
+def system_prompt(situation, extra=None, sections=()):
+    """sections: what the agent knows before message one (memory, the skills catalogue), each
+    a finished block or "" -- between the guide and the operator's own instructions."""
+    parts = [conditions(situation), GUIDE, *(s for s in sections if s)]
     if extra:
         parts.append("Additional instructions from the operator:\n" + extra.strip())
     return "\n\n".join(parts)

@@ -59,29 +59,33 @@ BY_NAME = {spec["name"]: spec for spec in SPECS}
 READING = ("list_dir", "read_file", "search")
 
 # $1 is the way from the command's working directory to the project root, $2 the path asked for.
-_RESOLVE = r'''cd -- "$1" || exit 125
+RESOLVE = r'''cd -- "$1" || exit 125
 root=$(pwd -P)
 p=$(realpath -m -- "$2") || { echo "cannot resolve $2" >&2; exit 3; }
 case $p in "$root"|"$root"/*) ;; *) echo "refused: $2 leads outside the project root" >&2; exit 3;; esac
 '''
 SCRIPTS = {
-    "list_dir": _RESOLVE + r'''[ -d "$p" ] || { echo "not a directory: $2" >&2; exit 4; }
+    "list_dir": RESOLVE + r'''[ -d "$p" ] || { echo "not a directory: $2" >&2; exit 4; }
 cd -- "$p" && exec find . -mindepth 1 -maxdepth 1 -printf '%y %s %P\t%l\n'
 ''',
-    "read_file": _RESOLVE + r'''[ -e "$p" ] || { echo "no such file: $2" >&2; exit 4; }
+    "read_file": RESOLVE + r'''[ -e "$p" ] || { echo "no such file: $2" >&2; exit 4; }
 [ -d "$p" ] && { echo "$2 is a directory (use list_dir)" >&2; exit 4; }
 [ -f "$p" ] || { echo "$2 is not a regular file" >&2; exit 4; }
 exec cat -- "$p"
 ''',
-    "write_file": _RESOLVE + r'''[ -d "$p" ] && { echo "$2 is a directory" >&2; exit 4; }
+    "write_file": RESOLVE + r'''[ -d "$p" ] && { echo "$2 is a directory" >&2; exit 4; }
 mkdir -p -- "$(dirname -- "$p")" && exec cat > "$p"
 ''',
     # $3: the sha256 the file had when it was read; the rewrite happens only if it still has it
-    "rewrite": _RESOLVE + r'''[ -f "$p" ] || { echo "no such file: $2" >&2; exit 4; }
+    "rewrite": RESOLVE + r'''[ -f "$p" ] || { echo "no such file: $2" >&2; exit 4; }
 sum=$(sha256sum < "$p") && [ "${sum%% *}" = "$3" ] || { echo "$2 changed while being edited" >&2; exit 5; }
 exec cat > "$p"
 ''',
-    "search": _RESOLVE + r'''[ -e "$p" ] || { echo "no such path: $2" >&2; exit 4; }
+    "append": RESOLVE + r'''[ -d "$p" ] && { echo "$2 is a directory" >&2; exit 4; }
+[ -e "$p" ] && [ ! -f "$p" ] && { echo "$2 is not a regular file" >&2; exit 4; }
+mkdir -p -- "$(dirname -- "$p")" && exec cat >> "$p"
+''',
+    "search": RESOLVE + r'''[ -e "$p" ] || { echo "no such path: $2" >&2; exit 4; }
 exec grep -rnIE --exclude-dir=.git -f - -- "$2"
 ''',
 }
@@ -98,26 +102,38 @@ class Outcome:
     timed_out: bool = False
     cancelled: bool = False
     connector: dict = None    # a connector call's {server, tool, fingerprint[, sha256, size]}
+    denial: dict = None       # why the sandbox refused it: {cause, line} (agent/denials.py)
+
+
+@dataclasses.dataclass
+class Extra:
+    """A tool beyond the six (remember, skill, ...): its spec and run(toolbox, args, cause) ->
+    Outcome. It runs inside the session through toolbox.script() when it touches the tree."""
+    spec: dict
+    run: object
+    label: str = None         # the input its summary shows (default: the first required one)
 
 
 class Refused(Exception):
     """A tool input that is refused before anything runs."""
 
 
-def summary(name, args):
+def summary(name, args, label=None):
     """A short label for a call: write_file(src/a.py), shell(make test)."""
     arg = args.get("path") if name != "shell" else args.get("command")
     if name == "search":
         arg = args.get("pattern")
+    if label:
+        arg = args.get(label)
     text = " ".join(str(arg if arg is not None else "").split())
     return f"{name}({text if len(text) <= 60 else text[:57] + '...'})"
 
 
-def check_input(name, args):
+def check_input(name, args, by_name=BY_NAME):
     """Why an input does not fit the tool's schema, or None."""
-    spec = BY_NAME.get(name)
+    spec = by_name.get(name)
     if spec is None:
-        return f"unknown tool {name!r} (tools: {', '.join(BY_NAME)})"
+        return f"unknown tool {name!r} (tools: {', '.join(by_name)})"
     schema = spec["input_schema"]
     for key in schema["required"]:
         if key not in args:
@@ -155,18 +171,49 @@ class Toolbox:
     an ops.Captured; up is the way from that command's working directory to the project root;
     root is the project's real path (what the model is told); timeout caps every call."""
 
-    def __init__(self, run, root, up=".", timeout=None):
-        self.run, self.root, self.up, self.timeout = run, root, up, timeout
+    def __init__(self, run, root, up=".", timeout=None, extras=(), explain=None):
+        self.root, self.up, self.timeout = root, up, timeout
         self.shell = shutil.which("bash") or "/bin/sh"
+        self.extras = {e.spec["name"]: e for e in extras}
+        self.specs = SPECS + [e.spec for e in extras]
+        self.by_name = {spec["name"]: spec for spec in self.specs}
+        self.explain = explain      # explain(tool, args, captures) -> denials.Denial or None
+        self._run, self._captures = run, []
+
+    def run(self, argv, input, cause, timeout, cap):
+        """One command in the session (an ops.Captured), kept for the denial check."""
+        captured = self._run(argv, input, cause, timeout, cap)
+        self._captures.append(captured)
+        return captured
+
+    def check_input(self, name, args):
+        return check_input(name, args, self.by_name)
+
+    def summary(self, name, args):
+        extra = self.extras.get(name)
+        if extra is None:
+            return summary(name, args)
+        return summary(name, args, extra.label or (extra.spec["input_schema"].get("required") or [None])[0])
 
     def call(self, name, args, cause):
+        self._captures = []
         try:
-            return getattr(self, "_" + name)(args, cause)
+            extra = self.extras.get(name)
+            outcome = extra.run(self, args, cause) if extra else getattr(self, "_" + name)(args, cause)
         except Refused as exc:
             return Outcome(str(exc), is_error=True)
+        if self.explain and self._captures:
+            denial = self.explain(name, args, self._captures)
+            if denial:
+                outcome.denial = denial.record()
+                outcome.content = f"{denial.line}\n{outcome.content}"
+        return outcome
 
-    def _script(self, kind, args, cause, input=b"", cap=OUTPUT_CAP, timeout=None):
-        argv = ["sh", "-c", SCRIPTS[kind], f"overlord-{kind}", self.up, *args]
+    def script(self, kind, args, cause, input=b"", cap=OUTPUT_CAP, timeout=None, text=None):
+        """Run SCRIPTS[kind] (or `text`, which starts with RESOLVE's checks when it takes a path)
+        with $1 = the way to the project root and args after it."""
+        body = text if text is not None else SCRIPTS[kind]
+        argv = ["sh", "-c", body, f"overlord-{kind}", self.up, *args]
         return self.run(argv, input, cause, self._limit(timeout), cap)
 
     def _limit(self, asked):
@@ -174,7 +221,7 @@ class Toolbox:
             return self.timeout
         return min(asked, self.timeout) if self.timeout else asked
 
-    def _failed(self, cap):
+    def failed(self, cap):
         """An Outcome for a script that did not do its job, or None."""
         if cap.timed_out:
             return _outcome(cap, f"timed out after {self.timeout} s", is_error=True)
@@ -185,8 +232,8 @@ class Toolbox:
 
     def _list_dir(self, args, cause):
         rel = relative(args["path"], self.root)
-        cap = self._script("list_dir", [rel], cause)
-        failed = self._failed(cap)
+        cap = self.script("list_dir", [rel], cause)
+        failed = self.failed(cap)
         if failed:
             return failed
         rows = [_entry(line) for line in _text(cap.stdout).splitlines()]
@@ -196,8 +243,8 @@ class Toolbox:
 
     def _read_file(self, args, cause):
         rel = relative(args["path"], self.root)
-        cap = self._script("read_file", [rel], cause)
-        failed = self._failed(cap)
+        cap = self.script("read_file", [rel], cause)
+        failed = self.failed(cap)
         if failed:
             return failed
         if b"\0" in cap.stdout[:8192]:
@@ -210,16 +257,16 @@ class Toolbox:
     def _write_file(self, args, cause):
         rel = relative(args["path"], self.root)
         data = _bytes(args["content"])
-        cap = self._script("write_file", [rel], cause, input=data)
-        return self._failed(cap) or _outcome(cap, f"wrote {len(data)} bytes to {rel}")
+        cap = self.script("write_file", [rel], cause, input=data)
+        return self.failed(cap) or _outcome(cap, f"wrote {len(data)} bytes to {rel}")
 
     def _edit_file(self, args, cause):
         rel = relative(args["path"], self.root)
         old, new = args["old"], args["new"]
         if not old:
             return Outcome("edit_file: `old` is empty; use write_file to create a file", is_error=True)
-        read = self._script("read_file", [rel], dict(cause, read=True), cap=EDIT_CAP)
-        failed = self._failed(read)
+        read = self.script("read_file", [rel], dict(cause, read=True), cap=EDIT_CAP)
+        failed = self.failed(read)
         if failed:
             return failed
         if read.truncated:
@@ -232,17 +279,17 @@ class Toolbox:
                            is_error=True)
         digest = hashlib.sha256(read.stdout).hexdigest()
         data = _bytes(text.replace(old, new, 1))
-        cap = self._script("rewrite", [rel, digest], cause, input=data)
-        return self._failed(cap) or _outcome(cap, f"edited {rel}: replaced 1 occurrence")
+        cap = self.script("rewrite", [rel, digest], cause, input=data)
+        return self.failed(cap) or _outcome(cap, f"edited {rel}: replaced 1 occurrence")
 
     def _search(self, args, cause):
         rel = relative(args.get("path") or ".", self.root)
         rel = "./" + rel if rel.startswith("-") else rel      # grep reads "-" as stdin
         pattern = _bytes(args["pattern"])
-        cap = self._script("search", [rel], cause, input=pattern + b"\n")
+        cap = self.script("search", [rel], cause, input=pattern + b"\n")
         if cap.exit_code == 1 and not cap.timed_out:
             return _outcome(cap, "no matches")
-        failed = self._failed(cap)
+        failed = self.failed(cap)
         if failed:
             return failed
         text = _text(cap.stdout)

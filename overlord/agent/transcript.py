@@ -5,7 +5,9 @@ ones that change what the model sees carry the exact neutral message (or tool re
 conversation is rebuilt by replaying the events through `apply()` -- the same function the
 running loop uses, so a resume sees exactly what the model saw:
 
-    system       {prompt, tools}                  the system prompt and tool list, as sent
+    system       {prompt, tools, memory, skills}  the system prompt and tool list, as sent;
+                                                  memory {text, sha256, sources} and skills
+                                                  {offered, warnings}: what it was built from
     task         {text, message, audit}           the operator's task (a user message)
     request      {turn, messages, sha256}         a model call: how many messages it carried
                                                   and a digest of (system, messages, tools)

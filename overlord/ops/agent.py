@@ -13,7 +13,7 @@ import pwd
 import socket
 
 from overlord.agent import keys as key_store
-from overlord.agent import prompt, providers, tools
+from overlord.agent import denials, memory, prompt, providers, skills, tools
 from overlord.agent import transcript as T
 from overlord.agent.cancel import Cancel
 from overlord.agent.loop import Loop
@@ -152,6 +152,9 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
         session.meta["audit"] = True
     if held:
         session.meta["connectors"] = held
+    told = memory.gather(session.target)
+    offered = skills.catalogue(session.target, policy.rule(session.target)["skills"])
+    session.meta.update(memory=told.record(), skills=offered.record())
     session.save()
     situation = prompt.Situation(
         provider=ep.provider, model=served, base_url=ep.base_url, target=session.target,
@@ -164,8 +167,10 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
         with T.writer(session.dir, "run the agent in"):
             record = T.Transcript(session.dir, on_event)
             with _hands(session, held, record, approver, cancel) as (hands, specs, started):
-                record.record("system", prompt=prompt.system_prompt(situation, system),
-                              tools=tools.SPECS + specs)
+                record.record("system", prompt=prompt.system_prompt(
+                    situation, system, sections=(told.text, offered.text)),
+                    tools=_toolbox(session, record, None).specs + specs,
+                    memory=dict(told.record(), text=told.text), skills=offered.record())
                 if started:
                     record.record("connectors", **started)
                 record.record("task", text=task, message={"role": "user", "content": task},
@@ -214,7 +219,7 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
         if hands:
             hands.record = record
         conv = record.conversation
-        offered = tools.SPECS + specs
+        offered = _toolbox(session, record, None).specs + specs
         if offered != conv.tools:     # the servers (or this version) offer other tools today
             record.record("tools", tools=offered)
         if started:
@@ -260,11 +265,7 @@ def _check_rebuild(session):
 def _drive(session, ep, record, max_turns, context_window, on_delta, cancel, hands=None):
     sid = session.sid
 
-    def run_one(argv, data, cause, timeout, cap):
-        return exec_capture(sid, argv, input=data, cause=cause, timeout=timeout, cap=cap,
-                            wait=True, cancel=cancel.event)
-    toolbox = tools.Toolbox(run_one, session.target, os.path.relpath(session.target, command_cwd(session.target)),
-                            timeout=session.meta["grants"].get("timeout"))
+    toolbox = _toolbox(session, record, cancel)
     loop = Loop(providers.get(ep.provider), ep, toolbox, record, cancel, max_turns=max_turns,
                 context_window=context_window, on_delta=on_delta,
                 limit_crossed=lambda: bool(store.load_meta(sid).get("limit")),
@@ -272,6 +273,21 @@ def _drive(session, ep, record, max_turns, context_window, on_delta, cancel, han
     with cancel.signals():
         done = loop.run()
     return AgentResult(sid, done.reason, done.turns, done.usage, get_session(sid).plan(), done.message)
+
+
+def _toolbox(session, record, cancel):
+    """The agent's hands in the session: the six tools, remember and skill, the denial check."""
+    sid = session.sid
+
+    def run_one(argv, data, cause, timeout, cap):
+        return exec_capture(sid, argv, input=data, cause=cause, timeout=timeout, cap=cap,
+                            wait=True, cancel=cancel.event if cancel else None)
+    extras = memory.tools(session, record) + \
+        skills.tools(session, record, skills.from_record(session.meta.get("skills")))
+    return tools.Toolbox(run_one, session.target,
+                         os.path.relpath(session.target, command_cwd(session.target)),
+                         timeout=session.meta["grants"].get("timeout"), extras=extras,
+                         explain=denials.explainer(session))
 
 
 def _touched(session, layer):

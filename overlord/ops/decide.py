@@ -14,6 +14,7 @@ from overlord.ops import clearance
 from overlord.ops.grants import require_target
 from overlord.ops.review import get_session
 from overlord.trust import audit
+from overlord.agent import memory
 
 
 # -- decide ---------------------------------------------------------------------------------------
@@ -52,6 +53,7 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
                  forced=bool(session.meta.get("forced")), merged=result.merged,
                  layers=session.meta.get("committed_layers"), **cleared.record())
     result.findings, result.countersigned = cleared.findings, cleared.approval
+    memory.journal_commit(get_session(sid))     # an agent session's line in the folder's journal
     return result
 
 

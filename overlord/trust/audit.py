@@ -46,6 +46,7 @@ ACTIONS = (
     "review.verdict", "policy.change", "audit.checkpoint",
     "connector.call", "connector.approval_requested", "connector.decision", "connector.result",
     "connector.config",
+    "memory.accept", "memory.edit", "skill.add", "skill.remove",
 )
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 

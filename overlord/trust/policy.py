@@ -41,7 +41,7 @@ class Bad(Exception):
     key's name (" must be ...", ".secrets must be ...", ": unknown check ...")."""
 
 
-# -- the key table: one line per key (later issues add budget, skills here) ---------------------
+# -- the key table: one line per key (later issues add budget here) ---------------------
 
 def _bool(value):
     if not isinstance(value, bool):
@@ -101,13 +101,18 @@ def _checks(value):
     return dict(value)
 
 
-def _servers(value):
-    """A list of connector names, or "*" (every configured one)."""
-    if value == "*":
-        return value
-    if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
-        raise Bad(f' must be "*" or a list of connector names, not {_shown(value)}')
-    return list(value)
+def _names(what):
+    """A checker for a list of names, or "*" (every one there is)."""
+    def check(value):
+        if value == "*":
+            return value
+        if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+            raise Bad(f' must be "*" or a list of {what} names, not {_shown(value)}')
+        return list(value)
+    return check
+
+
+_servers = _names("connector")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +134,7 @@ KEYS = {
     "connectors": Key(_servers, None),          # the connectors a session may be granted (None: any)
     "connector_shell": Key(_bool, False),       # shell-shaped connector tools may be granted
     "distrust_hints": Key(_servers, []),        # servers whose readOnlyHint is not believed
+    "skills": Key(_names("skill"), "*"),        # the machine skills a session is offered
 }
 
 

@@ -31,6 +31,12 @@ class FakeToolbox:
             layer, self.layers = self.layers, self.layers + 1
         return tools.Outcome(f"did {name}", exit_code=0, layer=layer)
 
+    def check_input(self, name, args):
+        return tools.check_input(name, args)
+
+    def summary(self, name, args):
+        return tools.summary(name, args)
+
 
 def run_loop(tmp_path, turns, toolbox=None, cancel=None, **kw):
     sdir = tmp_path / "session"
