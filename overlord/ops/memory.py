@@ -1,0 +1,1 @@
+"""memory as operations (issue 14: being built; see overlord/agent/memory.py)."""
