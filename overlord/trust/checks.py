@@ -4,7 +4,8 @@ Policy validates `checks` against this table without importing the gate itself, 
 (a dozen compiled regexes) would otherwise cost every command that reads policy -- each
 `exec` -- a couple of milliseconds to build. overlord/trust/gate.py applies the checks.
 """
-KINDS = ("secrets", "binaries", "dependencies", "size")
+KINDS = ("secrets", "binaries", "dependencies", "git_exec", "size")
 SEVERITIES = ("block", "countersign", "warn")
 LEVELS = SEVERITIES + ("off",)
-DEFAULTS = {"secrets": "countersign", "binaries": "warn", "dependencies": "warn", "size_mb": 50}
+DEFAULTS = {"secrets": "countersign", "binaries": "warn", "dependencies": "warn",
+            "git_exec": "countersign", "size_mb": 50}

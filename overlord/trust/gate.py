@@ -19,7 +19,16 @@ in the file). Kinds:
                 and holds control bytes (path only)
   dependencies  a change (added, modified, deleted, type changed) to a dependency manifest,
                 by basename (DEPENDENCY_NAMES, DEPENDENCY_GLOBS)
+  git_exec      a change to what makes git run a program on the person's machine once the
+                session is committed: a git directory's `config` (core.fsmonitor, core.hooksPath,
+                aliases, filter and diff drivers, ...) or anything under its `hooks/`, in any
+                `.git` directory of the tree (a nested or new repository's too)
   size          a file over checks["size_mb"] MiB (always a warning)
+
+Git's own storage under `.git/` (objects, packs, the index) is binary by nature and is not
+held to `binaries`; a loose object is inflated (zlib) and its content scanned for secrets, so a
+secret committed to git inside the session and deleted from the work tree is still found; a
+pack cannot be read that way and is a finding of the secrets severity.
 
 A Finding's `what` never holds a secret's value: at most the well-known prefix of its shape
 (`AKIA`, `ghp_`, `sk-ant-`) and its length; for an assignment, the name it is assigned to. A
@@ -35,6 +44,7 @@ import math
 import os
 import re
 import stat
+import zlib
 
 from overlord.errors import OverlordError
 from overlord.trust.checks import DEFAULTS, KINDS, LEVELS, SEVERITIES  # noqa: F401 (the table)
@@ -174,7 +184,7 @@ def looks_random(value):
 
 @dataclasses.dataclass
 class Finding:
-    kind: str            # secrets | binaries | dependencies | size
+    kind: str            # secrets | binaries | dependencies | git_exec | size
     path: str
     line: int            # 1-based; None where no line applies
     what: str            # what was found, never a secret's value whole
@@ -189,7 +199,7 @@ def levels(checks):
     is not one of LEVELS is refused naming the key."""
     out = dict(DEFAULTS)
     for key, value in (checks or {}).items():
-        if key in ("secrets", "binaries", "dependencies"):
+        if key in ("secrets", "binaries", "dependencies", "git_exec"):
             if value not in LEVELS:
                 raise OverlordError(f"checks.{key}: {value!r} is not one of {', '.join(LEVELS)}")
             out[key] = value
@@ -212,6 +222,7 @@ def scan(target, plan, checks):
     `checks` ({kind: block|countersign|warn|off, size_mb: N}), defaults for what is missing."""
     lv = levels(checks)
     secrets, binaries, deps = lv["secrets"], lv["binaries"], lv["dependencies"]
+    git_exec = lv["git_exec"]
     size_mb = lv["size_mb"]
     size_cap = None if size_mb in (None, "off") or size_mb <= 0 else size_mb * MIB
     out = []
@@ -224,7 +235,19 @@ def scan(target, plan, checks):
         if deps != "off" and _dependency(change):
             out.append(Finding("dependencies", shown, None,
                                f"dependency manifest {_dep_verb(change)}", deps))
+        storage = git_storage(path)
+        if git_exec != "off" and storage is None:
+            why = change.kind != "deleted" and git_exec_path(path)
+            if why == CONFIG and entry.kind == "file":
+                why = _config_risk(target, change)
+            if why and not (change.kind == "modified" and change.content_same and
+                            entry.kind == "file" and not entry.st.st_mode & 0o111):
+                out.append(Finding("git_exec", shown, None, why, git_exec))
         if change.kind not in ("added", "modified") or change.content_same:
+            continue
+        if storage and entry.kind == "file":
+            if secrets != "off":
+                out += _git_object_secrets(entry, shown, storage, secrets)
             continue
         if entry.kind == "symlink" and secrets != "off":
             out += [Finding("secrets", shown, None, f"{what} in the symlink's target", secrets)
@@ -259,6 +282,124 @@ def scan(target, plan, checks):
                                f"not scanned for secrets past its first {_mib(scanned)} (the "
                                f"file is {_mib(size)}): the rest is held to checks.secrets",
                                secrets))
+    return out
+
+
+# -- git ------------------------------------------------------------------------------------------
+
+_HOOKS_OR_CONFIG = re.compile(r"(?:^|.*/)\.git/(?:(?:modules/.+|worktrees/[^/]+)/)?"
+                              r"(?:(config(?:\.worktree)?)|(hooks)/.+)")
+_LOOSE = re.compile(r"(?:^|.*/)\.git/(?:modules/.+/)?objects/[0-9a-f]{2}/[0-9a-f]{38,62}")
+_STORAGE = re.compile(r"(?:^|.*/)\.git/(?:modules/.+/)?(?:objects/pack/[^/]+|index|"
+                      r"objects/info/[^/]+)")
+
+
+def git_exec_path(path):
+    """What a path is, when a change to it makes git run a program on the person's machine
+    (a hook, a git directory's configuration), else None."""
+    m = _HOOKS_OR_CONFIG.fullmatch(path)
+    if not m or (m.group(2) and path.endswith(".sample")):      # git never runs a *.sample
+        return None
+    return "a git hook (git runs it on your machine)" if m.group(2) else CONFIG
+
+
+CONFIG = "git configuration (it can name programs git runs: core.fsmonitor, hooks, aliases, filters)"
+# keys git reads as data, never as a program to run: what `git init`, `clone`, `remote add`,
+# `branch -u`, `submodule` and `config user.*` write. Any other key set or changed is a finding.
+INERT_KEYS = re.compile(r"core\.(?:repositoryformatversion|filemode|bare|logallrefupdates|"
+                        r"ignorecase|precomposeunicode|symlinks|autocrlf|eol|safecrlf|"
+                        r"abbrev|quotepath)|extensions\.(?:objectformat|worktreeconfig)|"
+                        r"init\.defaultbranch|user\.(?:name|email)|gc\.auto|"
+                        r"remote\.[^\n]+\.(?:url|fetch|pushurl|tagopt|prune)|"
+                        r"branch\.[^\n]+\.(?:remote|merge|rebase|description)|"
+                        r"submodule\.[^\n]+\.(?:url|active|branch|path)")
+
+
+def _config_risk(target, change):
+    """The git_exec finding's text for a changed git config, or None when every key it sets or
+    changes is inert (INERT_KEYS). A file this cannot parse is a finding."""
+    new = _config_entries(_read_head(change.entry.src, 1 << 20))
+    old = []
+    if change.kind == "modified" and change.real is not None:
+        old = _config_entries(_read_head(C.real_path(target, change.path), 1 << 20, real=True))
+    if new is None:
+        return CONFIG + ", not parsed"
+    left = collections.Counter(old or [])
+    added = []
+    for item in new:
+        if left[item]:
+            left[item] -= 1
+        else:
+            added.append(item)
+    risky = sorted({key for key, _ in added if not INERT_KEYS.fullmatch(key)})
+    if not risky:
+        return None
+    names = ", ".join(risky[:4]) + (f" and {len(risky) - 4} more" if len(risky) > 4 else "")
+    return f"git configuration sets {names} (keys that can name programs git runs)"
+
+
+_SECTION = re.compile(r'\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\\n]|\\.)*)")?\s*\]')
+_KEY = re.compile(r"([A-Za-z][A-Za-z0-9-]*)\s*(?:=(.*))?")
+
+
+def _config_entries(data):
+    """[(section[.subsection].key lowercased but the subsection, value)] of a git config file,
+    or None when a line is not one this reader is sure of (so it cannot hide a key)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    out, section = [], None
+    for line in text.replace("\\\n", "").splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            m = _SECTION.match(line)
+            if not m or line[m.end():].strip()[:1] not in ("", "#", ";"):
+                return None
+            section = m.group(1).lower() + (f".{m.group(2)}" if m.group(2) is not None else "")
+            continue
+        m = _KEY.fullmatch(line)
+        if not m or section is None:
+            return None
+        out.append((f"{section}.{m.group(1).lower()}", (m.group(2) or "").strip()))
+    return out
+
+
+def git_storage(path):
+    """"loose" for a loose object, "pack" for a pack or git's other binary storage, else None."""
+    if _LOOSE.fullmatch(path):
+        return "loose"
+    if _STORAGE.fullmatch(path):
+        return "pack" if "/objects/pack/" in path and path.endswith(".pack") else "other"
+    return None
+
+
+GIT_OBJECT_CAP = SECRETS_CHUNK_MIB * MIB      # inflated bytes of one loose object scanned
+
+
+def _git_object_secrets(entry, shown, storage, severity):
+    """Secrets in what a loose object holds (inflated); a pack, which this cannot read, is a
+    finding of the secrets severity; git's other storage (index, pack indexes) holds no content."""
+    if storage == "pack":
+        return [Finding("secrets", shown, None, "a git pack: its objects are not scanned for "
+                        "secrets (held to checks.secrets)", severity)]
+    if storage != "loose":
+        return []
+    raw = _read_head(entry.src, min(entry.st.st_size, GIT_OBJECT_CAP))
+    inflate = zlib.decompressobj()
+    try:
+        data = inflate.decompress(raw, GIT_OBJECT_CAP)
+    except zlib.error:
+        return [Finding("secrets", shown, None, "a git object that does not inflate: not scanned "
+                        "for secrets (held to checks.secrets)", severity)]
+    body = data[data.find(b"\0") + 1:]
+    out = [Finding("secrets", shown, None, f"{what} in the git object's content", severity)
+           for _, what, _ in _secrets(body, lines=False)]
+    if inflate.unconsumed_tail or len(raw) < entry.st.st_size:
+        out.append(Finding("secrets", shown, None, "a git object larger than the scan: the rest "
+                           "is held to checks.secrets", severity))
     return out
 
 

@@ -477,7 +477,7 @@ def test_check_reports_each_kind_and_never_echoes_a_secret(ovl, home, target, tm
     assert data["sid"] == sid and data["blocks"] is False
     assert data["counts"] == {"block": 0, "countersign": 2, "warn": 3}
     assert data["checks"] == {"secrets": "countersign", "binaries": "warn",
-                              "dependencies": "warn", "size_mb": 0.001}
+                              "dependencies": "warn", "git_exec": "countersign", "size_mb": 0.001}
     assert data["sources"]["size_mb"] == "default" and data["sources"]["secrets"] == "built-in"
     assert {(f["kind"], f["path"], f["line"]) for f in data["findings"]} == {
         ("secrets", "app.env", 2), ("size", "big.txt", None), ("secrets", "config.py", 3),

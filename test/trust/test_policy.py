@@ -125,7 +125,7 @@ def test_longest_prefix_on_components_and_per_key_sources(home, tmp_path):
         assert r["allow_force"] is True and r.source("allow_force") == "built-in"
         assert r["limits"] == {"memory_mb": 1024, "pids": 64}
         assert r.source("limits.pids") == f"targets[{app}]" and r.source("limits.memory_mb") == "default"
-        assert r["checks"] == {"secrets": "block", "binaries": "off", "dependencies": "warn", "size_mb": 50}
+        assert r["checks"] == {"secrets": "block", "binaries": "off", "dependencies": "warn", "git_exec": "countersign", "size_mb": 50}
         assert r.source("checks.secrets") == "default" and r.source("checks.dependencies") == "built-in"
         assert r.source("checks") == f"targets[{app}]"
         assert r.chain == [f"targets[{app}]", f"targets[{srv}]", "default"]
@@ -150,8 +150,8 @@ def test_no_policy_file_is_the_built_in_rule(home, tmp_path):
     assert r.as_dict() == {"jail": None, "net": None, "timeout": None, "limits": {},
                            "allow_force": True, "require_review": False, "protect": [],
                            "checks": {"secrets": "countersign", "binaries": "warn",
-                                      "dependencies": "warn", "size_mb": 50},
-                           "connectors": None, "connector_shell": False, "distrust_hints": []}
+                                      "dependencies": "warn", "git_exec": "countersign", "size_mb": 50},
+                           "connectors": None, "connector_shell": False, "distrust_hints": [], "skills": "*"}
     assert {r.source(k) for k in P.KEYS} == {"built-in"} and r.origin()["sha256"] is None
 
 
