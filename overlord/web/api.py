@@ -562,3 +562,82 @@ def audit(app, req):
     records = ops.audit_show(since=int(raw) if raw else None, action=action)
     return {"verify": ops.audit_status(), "records": records[-AUDIT_SHOWN:], "total": len(records),
             "more": len(records) > AUDIT_SHOWN}
+
+
+# -- memory: your notes, the folder's notes and journal, a conversation's proposals ---------------
+
+def _folder(app, req):
+    """?folder=DIR (an existing absolute folder), else the working folder Settings name."""
+    folder = req.query.get("folder")
+    return S.check_folder(folder if folder else app.settings.load()["folder"])
+
+
+def memory_user(app, req):
+    """Your notes (OVERLORD_HOME/memory.md): {path, text, bytes, cap}; cap is what the agent is
+    told of them (the newest part, when they are longer)."""
+    return ops.memory_user()
+
+
+def put_memory_user(app, req):
+    """{text}: replace your notes (an audited edit, by "workspace")."""
+    text = (req.body or {}).get("text")
+    if req.body is None or not isinstance(text, str):
+        raise S.Invalid("text", "send your notes as {\"text\": \"...\"}")
+    if "\0" in text:
+        raise S.Invalid("text", "your notes must be text (a NUL byte is not)")
+    ops.memory_user_set(text, by="workspace")
+    return ops.memory_user()
+
+
+def memory_folder(app, req):
+    """?folder=DIR: what the agent would be told before message one there (exactly
+    `overlord memory show`), with its sources, and the folder's journal of committed work."""
+    folder = _folder(app, req)
+    told = ops.memory_show(folder)
+    return {"folder": folder, "text": told.get("text", ""), "sha256": told.get("sha256"),
+            "sources": told.get("sources") or [], "journal": ops.memory_journal(folder)}
+
+
+def chat_memory(app, req, sid):
+    """A conversation's proposed notes, each with whether (and by whom) it was saved."""
+    return {"sid": sid, "proposals": ops.memory_proposals(sid)}
+
+
+def chat_memory_accept(app, req, sid):
+    """{ids: [N, ...]} or {all: true}: save proposed notes into your notes, by "workspace".
+    Allowed while the agent is still running: the acceptance is recorded beside the run."""
+    return app.chats.accept_memory(sid, req.body or {})
+
+
+# -- skills: the catalogue for a folder; machine skills added and removed by a person -------------
+
+def skills(app, req):
+    """?folder=DIR: every skill a conversation there could be offered -- project and machine,
+    which are shadowed, which the policy allows -- and the warnings (malformed SKILL.md)."""
+    folder = _folder(app, req)
+    listed = ops.skills_list(folder)
+    return {"folder": folder, "skills": listed.get("skills") or [],
+            "warnings": listed.get("warnings") or []}
+
+
+def skill(app, req, name):
+    """One skill: its SKILL.md text and its files (?folder=DIR for a project skill)."""
+    return ops.skill_show(name, _folder(app, req))
+
+
+def skill_add(app, req):
+    """{path}: install the skill folder at that path on this machine as a machine skill."""
+    path = (req.body or {}).get("path")
+    if not isinstance(path, str) or not path.strip() or "\0" in path or len(path) > 4096:
+        raise S.Invalid("path", "name the skill's folder (a path on this machine, holding SKILL.md)")
+    path = os.path.expanduser(path.strip())
+    if not os.path.isabs(path):
+        raise S.Invalid("path", "the skill's folder must be an absolute path")
+    added = ops.skill_add(path, by="workspace")
+    return {"added": added}
+
+
+def skill_remove(app, req, name):
+    """Remove a machine skill (a project skill is a file of its folder: not removed here)."""
+    removed = ops.skill_remove(name, by="workspace")
+    return {"removed": name if removed is None else removed}

@@ -47,6 +47,7 @@ class Channel:
         self.pending = None       # the approval request the run waits on (its view), or None
         self.answer = None        # the decision given for it, until the approver takes it
         self.decided = {}         # request token -> allow, for the requests decided in this run
+        self.taken = set()        # transcript positions this face wrote beside the run (a note saved)
 
     def push(self, name, data):
         """With the lock held: publish one event."""
@@ -63,6 +64,7 @@ class Channel:
         self.run, self.count, self.last = stop, count, None
         self.partial = {"text": "", "thinking": ""}
         self.pending, self.answer, self.decided = None, None, {}
+        self.taken = set()
         self.push("state", {"running": True})
 
 
@@ -247,6 +249,28 @@ class Chats:
             ch.push("decision", {"call": call, "allow": allow})
         return {"sid": sid, "call": call, "decision": "allow" if allow else "deny"}
 
+    # -- proposed notes: saved by a person, while the agent runs too ---------------------------
+
+    def accept_memory(self, sid, body):
+        """{ids: [N, ...]} or {all: true}: ops.memory_accept by "workspace". The acceptance is
+        appended to the transcript beside a run in progress (it does not join the
+        conversation); its position is kept so the run's own events keep their indices, and
+        every open page is told at once (a "record" event)."""
+        ids, every = _accept(body)
+        _chat_session(sid)
+        ch = self.channel(sid)
+        with ch.cond:
+            before = len(ops.transcript(sid))
+            accepted = ops.memory_accept(sid, ids=ids, all=every, by="workspace")
+            records = ops.transcript(sid)
+            for pos in range(before, len(records)):
+                event = records[pos]
+                if event.get("type") == "memory_accepted" and event.get("by") == "workspace":
+                    if ch.run is not None:
+                        ch.taken.add(pos)
+                    ch.push("record", view_of(event, pos))
+        return {"sid": sid, "accepted": accepted, "proposals": ops.memory_proposals(sid)}
+
     def _drive(self, box, stop, call):
         """Run the agent (call(on_event, on_delta)) and publish what it does."""
         def on_event(event):
@@ -255,6 +279,8 @@ class Chats:
             if "started" in box:
                 box["started"].set()
             with ch.cond:
+                while ch.count in ch.taken:         # a line written beside the run (a saved note)
+                    ch.count += 1
                 index, ch.count = ch.count, ch.count + 1
                 if event.get("type") == "assistant":
                     ch.partial = {"text": "", "thinking": ""}
@@ -407,6 +433,24 @@ def _decision(body):
     return call, fingerprint, allow, token
 
 
+MAX_IDS = 1000
+
+
+def _accept(body):
+    """(ids or None, all) of POST .../memory/accept, each checked."""
+    ids, every = body.get("ids"), body.get("all", False)
+    if not isinstance(every, bool):
+        raise UsageError("all is true or false")
+    if every and ids is not None:
+        raise UsageError("send either ids or all: true, not both")
+    if not every:
+        if not isinstance(ids, list) or not ids or len(ids) > MAX_IDS or \
+                not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in ids):
+            raise UsageError("ids is a list of proposal numbers (1, 2, ...), or send all: true")
+        ids = list(dict.fromkeys(ids))
+    return (None if every else ids), every
+
+
 def pending_view(request):
     """An ops.ApprovalRequest as the page shows it (the exact input: the card prints it all)."""
     return {"sid": request.sid, "turn": request.turn, "call": request.call,
@@ -464,7 +508,22 @@ def view_of(event, index):
         view.update({k: event.get(k) for k in ("turn", "call", "tool", "exit_code", "layer", "paths",
                                                "truncated", "timed_out", "cancelled", "ms", "not_run")})
         view.update(output=content[:OUTPUT_CHARS], clipped=len(content) > OUTPUT_CHARS,
-                    is_error=bool(result.get("is_error")), connector=_connector(event))
+                    is_error=bool(result.get("is_error")), connector=_connector(event),
+                    denial=_denial(event.get("denial")))
+    elif kind == "memory_proposal":
+        # the note is the model's text: the page shows it as text, and Save accepts it
+        view.update({k: event.get(k) for k in ("id", "turn", "call", "sha256")})
+        view["note"] = event.get("note") if isinstance(event.get("note"), str) else ""
+    elif kind == "memory_accepted":
+        ids = event.get("ids")
+        view.update(ids=[n for n in ids if isinstance(n, int)] if isinstance(ids, list) else [],
+                    by=event.get("by") if isinstance(event.get("by"), str) else None,
+                    sha256=event.get("sha256"))
+    elif kind == "skill_load":
+        files = event.get("files")
+        files = [f for f in files if isinstance(f, str)] if isinstance(files, list) else []
+        view.update({k: event.get(k) for k in ("name", "source", "sha256", "turn", "call")})
+        view.update(files=files[:SKILL_FILES], more_files=max(0, len(files) - SKILL_FILES))
     elif kind == "connectors":
         view.update(servers=event.get("servers") or {}, errors=event.get("errors") or [])
     elif kind == "approval_requested":
@@ -486,6 +545,18 @@ def view_of(event, index):
     else:
         view.update({k: v for k, v in event.items() if k not in ("message", "results", "type", "at")})
     return view
+
+
+SKILL_FILES = 50              # a loaded skill's files as its card lists them
+DENIAL_CAUSES = ("seccomp", "readonly", "outside", "network", "limit", "disk")
+
+
+def _denial(value):
+    """A tool result's denial ({cause, line}: the sandbox refused the call), None otherwise."""
+    if not isinstance(value, dict) or not isinstance(value.get("line"), str):
+        return None
+    cause = value.get("cause")
+    return {"cause": cause if cause in DENIAL_CAUSES else "other", "line": value["line"][:2000]}
 
 
 def _connector(event):

@@ -34,6 +34,8 @@ MAX_BODY = 1 << 20
 DRAIN_MAX = 8 << 20           # a refused body up to this size is read (and dropped) before the 413
 SID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 S_ID = object()               # a route segment that is a session id
+NAME = object()               # a route segment that is a skill name
+SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 ROUTES = {
     ("GET", ("",)): "workspace",
@@ -61,6 +63,15 @@ ROUTES = {
     ("GET", ("api", "settings")): api.get_settings,
     ("PUT", ("api", "settings")): api.put_settings,
     ("GET", ("api", "models")): api.models,
+    ("GET", ("api", "memory")): api.memory_folder,
+    ("GET", ("api", "memory", "user")): api.memory_user,
+    ("PUT", ("api", "memory", "user")): api.put_memory_user,
+    ("GET", ("api", "chats", S_ID, "memory")): api.chat_memory,
+    ("POST", ("api", "chats", S_ID, "memory", "accept")): api.chat_memory_accept,
+    ("GET", ("api", "skills")): api.skills,
+    ("POST", ("api", "skills")): api.skill_add,
+    ("GET", ("api", "skills", NAME)): api.skill,
+    ("DELETE", ("api", "skills", NAME)): api.skill_remove,
 }
 
 
@@ -237,16 +248,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
         for (method, pattern), handler in ROUTES.items():
             if len(pattern) != len(segments):
                 continue
-            got = None
+            got, kind = None, None
             for want, seg in zip(pattern, segments):
-                if want is S_ID:
-                    got = seg
+                if want is S_ID or want is NAME:
+                    got, kind = seg, want
                 elif want != seg:
                     break
             else:
-                if got is not None and not SID.match(got):
+                if kind is S_ID and not SID.match(got):
                     raise HTTPError(400, f"not a session id: {got[:40]!r} "
                                          "(expected YYYYMMDD-HHMMSS-xxxxxx)")
+                if kind is NAME and not SKILL_NAME.match(got):
+                    raise HTTPError(400, f"not a skill name: {got[:40]!r} (lower-case letters, "
+                                         "digits and dashes, at most 64)")
                 if method == self.command:
                     return handler, got
                 allowed.append(method)

@@ -17,6 +17,8 @@
     limit: "The session crossed its disk grant and can run nothing more",
     error: "The run failed",
   };
+  const DENIAL_WORDS = {seccomp: "seccomp filter", readonly: "read-only system", outside: "outside the jail",
+                        network: "no network", limit: "resource limit", disk: "disk grant", other: "sandbox"};
   const NO_KEY = "no API key yet: add one in Settings, or choose the Demo provider there (no key needed)";
   const APPROVAL_WORDS = {
     ask: "ask: a tool the server does not declare read-only waits for your Allow / Deny",
@@ -37,6 +39,7 @@
     constructor(el) {
       this.el = el; this.cards = new Map(); this.live = null; this.frame = 0; this.running = false;
       this.approvals = new Map(); this.readonly = new Map(); this.granted = [];
+      this.proposals = new Map();
       this.indicator = h("div", {class: "working", role: "status", "aria-label": "the agent is working"},
                          h("span"), h("span"), h("span"));
     }
@@ -46,6 +49,7 @@
       this.cards.clear();
       this.approvals.clear();
       this.readonly.clear();
+      this.proposals.clear();
       this.granted = [];
       this.live = null;
       this.lastError = null;
@@ -151,6 +155,9 @@
         case "connectors": this.connectors(r); break;
         case "approval_requested": this.approval(r, false); break;
         case "approval": this.resolved(r); break;
+        case "memory_proposal": this.proposal(r); break;
+        case "memory_accepted": this.accepted(r); break;
+        case "skill_load": this.skillLoad(r); break;
         case "connector_error":
           this.note(`Connector ${r.server || "?"} failed${r.message ? `: ${r.message}` : ""}. The agent was told; the run goes on.`, "error");
           break;
@@ -186,8 +193,19 @@
       else if (r.tool === "shell" && r.exit_code !== null && r.exit_code !== undefined) {
         text = `exit ${r.exit_code}`; cls = r.exit_code === 0 ? "ok" : "fail";
       } else { text = r.is_error ? "error" : "done"; cls = r.is_error ? "fail" : "ok"; }
+      const denial = r.denial;
+      if (denial) { text = "blocked"; cls = "blocked"; }
       c.status.className = `tool-status ${cls}`;
       c.status.textContent = text;
+      /* the sandbox refused it: its own card, the line visible without opening it */
+      c.card.classList.toggle("tool-denied", !!denial);
+      const old = c.card.querySelector(":scope > summary > .denial-line");
+      if (old) old.remove();
+      if (denial) {
+        c.card.querySelector(":scope > summary").append(h("span", {class: "denial-line", dataset: {cause: denial.cause}},
+          h("span", {class: "denial-cause", title: "why the sandbox refused this call"}, DENIAL_WORDS[denial.cause] || denial.cause),
+          h("span", {class: "denial-text"}, denial.line)));
+      }
       const paths = r.paths || [];
       c.files.textContent = paths.length ? `${paths.length} file${paths.length === 1 ? "" : "s"}` : "";
       clear(c.body);
@@ -199,6 +217,51 @@
         c.body.append(h("p", {class: "muted small connector-record"},
           `Served by ${k.server}, outside the sandbox; recorded in the audit chain: sha256 ${k.sha256.slice(0, 16)}\u2026, ${k.size} bytes.`));
       }
+    }
+
+    /* a note the agent proposes for your notes: the model's text (a text node), saved only by a person */
+    proposal(r) {
+      if (this.proposals.has(r.id)) return;
+      const save = h("button", {class: "button primary small", type: "button"}, "Save to your notes");
+      const actions = h("div", {class: "proposal-actions"}, save);
+      const status = h("p", {class: "proposal-status small", role: "status"});
+      const el = h("section", {class: "memory-proposal", dataset: {proposal: String(r.id)}, "aria-label": "a proposed note"},
+        h("p", {class: "proposal-head"}, h("strong", {}, "Proposed note"), ` #${r.id} \u00b7 for your notes`,
+          h("span", {class: "muted small"}, " (memory.md, read in every folder)")),
+        h("p", {class: "proposal-note"}, r.note || ""),
+        h("p", {class: "proposal-warn small"}, "The agent cannot write your notes: this is only a proposal until you save it."),
+        actions, status);
+      const p = {el, save, actions, status, id: r.id, saved: false};
+      save.addEventListener("click", () => saveProposal(p));
+      this.proposals.set(r.id, p);
+      this.add(el);
+    }
+
+    /* saved, as recorded (the transcript's memory_accepted), or as the server just answered */
+    accepted(r) {
+      const who = r.by === "workspace" ? "you, here" : r.by && r.by.startsWith("cli:") ? `${r.by.slice(4)}, at the terminal` : r.by || "?";
+      for (const id of r.ids || []) {
+        const p = this.proposals.get(id);
+        if (!p || p.saved) continue;
+        p.saved = true;
+        p.el.classList.add("is-saved");
+        p.actions.hidden = true;
+        p.status.textContent = `Saved to your notes by ${who}.`;
+      }
+    }
+
+    /* the agent loaded a skill: which, from where, what came with it */
+    skillLoad(r) {
+      const files = r.files || [];
+      const more = r.more_files ? ` and ${r.more_files} more` : "";
+      const line = h("div", {class: "skill-load", dataset: {skill: r.name || ""}},
+        h("span", {class: "skill-load-label"}, "Skill loaded"),
+        h("code", {class: "skill-load-name"}, r.name || "?"),
+        h("span", {class: `pill skill-source source-${r.source === "project" ? "project" : "machine"}`},
+          r.source === "project" ? "project skill" : "machine skill"),
+        files.length ? h("details", {class: "skill-load-files"}, h("summary", {}, `${files.length} file${files.length === 1 ? "" : "s"}${more}`),
+                         h("ul", {}, files.map((f) => h("li", {}, f)))) : null);
+      this.add(line);
     }
 
     /* the granted connectors, as the run recorded them; each tool's own read-only claim kept */
@@ -497,6 +560,22 @@
     }
   }
 
+  /* Save on a proposal card: exactly that note, accepted by "workspace" (the run may go on) */
+  async function saveProposal(p) {
+    if (!state.sid || p.saved) return;
+    p.save.disabled = true;
+    p.status.textContent = "Saving\u2026";
+    try {
+      const res = await api("POST", `/api/chats/${state.sid}/memory/accept`, {ids: [p.id]});
+      const mine = (res.proposals || []).find((x) => x.id === p.id);
+      if (mine && mine.accepted) view.accepted({ids: [p.id], by: mine.by || "workspace"});
+      else { p.status.textContent = "Not saved: the server did not record it."; p.save.disabled = false; }
+    } catch (e) {
+      p.status.textContent = e.message;
+      p.save.disabled = false;
+    }
+  }
+
   async function stop() {
     if (!state.sid) return;
     $("stop").disabled = true;
@@ -770,9 +849,193 @@
     fillProfile();
     fillCountersign();
     fillConnectors();
+    fillMemory();
+    fillSkills();
     if (!dialog.open) dialog.showModal();
     loadModels();
     loadCsModels();
+  }
+
+  /* -- Settings -> Memory: your notes (editable), the folder's notes and journal (read-only) ------------- */
+  const memory = {text: null, cap: 0, seq: 0};
+
+  function bytesOf(text) { return new TextEncoder().encode(text).length; }
+
+  function userSize() {
+    const n = bytesOf($("m-user").value), cap = memory.cap;
+    const el = $("m-user-size");
+    el.textContent = !cap ? `${n.toLocaleString()} bytes.`
+      : n > cap ? `${n.toLocaleString()} bytes: over the ${cap.toLocaleString()} the agent is told. It is told the newest ${cap.toLocaleString()} bytes, and that older notes were cut.`
+      : `${n.toLocaleString()} of the ${cap.toLocaleString()} bytes the agent is told.`;
+    el.classList.toggle("over", !!cap && n > cap);
+  }
+
+  async function fillMemory() {
+    const seq = ++memory.seq;
+    for (const id of ["m-user-error", "m-error", "m-user-saved"]) $(id).textContent = "";
+    try {
+      const u = await api("GET", "/api/memory/user");
+      if (seq !== memory.seq) return;
+      memory.text = u.text || "";
+      memory.cap = u.cap || 0;
+      $("m-user").value = memory.text;
+      userSize();
+    } catch (e) {
+      if (seq === memory.seq) $("m-user-error").textContent = `Your notes could not be read: ${e.message}`;
+    }
+    await fillFolderMemory(seq);
+  }
+
+  async function fillFolderMemory(seq) {
+    let f;
+    try { f = await api("GET", "/api/memory"); }
+    catch (e) { if (seq === memory.seq) $("m-error").textContent = `The folder's memory could not be read: ${e.message}`; return; }
+    if (seq !== memory.seq) return;
+    $("m-folder").textContent = f.folder;
+    const sources = f.sources || [];
+    const project = sources.find((x) => x.name === "project");
+    const pre = $("m-project");
+    pre.textContent = project && typeof project.text === "string" ? project.text : "";
+    pre.hidden = !pre.textContent;
+    const size = project ? project.bytes || 0 : 0;
+    /* the text itself when the source carries it; otherwise it is in what the agent is told */
+    const inTold = size && !pre.textContent ? " Its text is under \u201cExactly what the agent is told\u201d below." : "";
+    $("m-project-note").textContent = !project || (!size && !project.warning) ? "No OVERLORD.md in this folder yet."
+      : project.warning ? project.warning
+      : project.cut ? `${size.toLocaleString()} bytes; the agent is told the newest ${project.shown.toLocaleString()}.${inTold}`
+      : `${size.toLocaleString()} bytes.${inTold}`;
+    if (inTold) $("m-told").closest("details").open = true;
+    journalList(f.journal || []);
+    $("m-told").textContent = f.text || "(nothing: no notes and no journal yet)";
+    $("m-told-digest").textContent = [f.sha256 ? `sha256 ${f.sha256.slice(0, 16)}\u2026` : null,
+      ...sources.map((x) => `${x.name}: ${(x.bytes || 0).toLocaleString()} bytes${x.cut ? `, ${x.cut.toLocaleString()} cut` : ""}`)]
+      .filter(Boolean).join(" \u00b7 ");
+  }
+
+  /* the journal: OVERLORD's record of each commit; the model's claim labelled as its own */
+  function journalList(entries) {
+    const list = clear($("m-journal"));
+    if (!entries.length) { list.append(h("li", {class: "muted small journal-none"}, "No committed agent work in this folder yet.")); return; }
+    for (const e of [...entries].reverse()) {
+      const files = e.files || [];
+      const when = typeof e.at === "number" ? new Date(e.at * 1000).toLocaleString() : String(e.at || "");
+      list.append(h("li", {class: "journal-entry", dataset: {sid: e.sid || ""}},
+        h("p", {class: "journal-head small"}, h("a", {href: `/console#${e.sid}`}, e.sid), ` \u00b7 ${when} \u00b7 `,
+          `${e.changes} change${e.changes === 1 ? "" : "s"} committed`),
+        h("p", {class: "journal-task"}, h("span", {class: "journal-label"}, "Task: "), e.task || ""),
+        e.claim ? h("div", {class: "journal-claim"}, h("span", {class: "journal-label claim-label"}, "The model's own claim (not checked):"),
+                    h("p", {class: "claim-text"}, e.claim)) : null,
+        files.length ? h("p", {class: "journal-files small"}, h("span", {class: "journal-label"}, "Files changed: "),
+                         files.join(", "), e.changes > files.length ? ` \u2026 and ${e.changes - files.length} more` : "") : null));
+    }
+  }
+
+  async function saveUserNotes() {
+    const text = $("m-user").value;
+    $("m-user-error").textContent = "";
+    $("m-user-saved").textContent = "";
+    $("m-user-save").disabled = true;
+    try {
+      const u = await api("PUT", "/api/memory/user", {text});
+      memory.text = u.text || "";
+      memory.cap = u.cap || memory.cap;
+      if ($("m-user").value === text) $("m-user").value = memory.text;
+      userSize();
+      $("m-user-saved").textContent = `Saved (${(u.bytes || 0).toLocaleString()} bytes).`;
+      fillFolderMemory(memory.seq);
+      return true;
+    } catch (e) {
+      $("m-user-error").textContent = e.message;
+      return false;
+    } finally {
+      $("m-user-save").disabled = false;
+    }
+  }
+
+  /* -- Settings -> Skills: the folder's catalogue; machine skills added and removed here ---------------- */
+  async function fillSkills(keepStatus) {
+    const list = clear($("k-list")), warnings = clear($("k-warnings"));
+    $("k-error").textContent = "";
+    if (!keepStatus) $("k-status").textContent = "";
+    let data;
+    try { data = await api("GET", "/api/skills"); }
+    catch (e) { list.append(h("li", {class: "muted small"}, `The skills could not be read: ${e.message}`)); return; }
+    if (!data.skills.length) {
+      list.append(h("li", {class: "muted small skill-none"}, ["No skills yet. Add one below, or ",
+        h("code", {}, "overlord skills add PATH"), " / ", h("code", {}, "overlord skills new NAME -t DIR"), "."]));
+    }
+    for (const k of data.skills) list.append(skillRow(k));
+    for (const w of data.warnings || []) warnings.append(h("li", {class: "skill-warning small"}, typeof w === "string" ? w : w.message || JSON.stringify(w)));
+  }
+
+  function skillRow(k) {
+    const project = k.source === "project";
+    const show = h("button", {class: "button ghost small", type: "button"}, "Show");
+    const remove = !project ? h("button", {class: "button ghost danger-text small", type: "button"}, "Remove") : null;
+    const confirm = h("span", {class: "skill-confirm small", hidden: true});
+    const row = h("li", {class: `skill-row${k.shadowed ? " shadowed" : ""}${k.allowed === false ? " not-allowed" : ""}`,
+                         dataset: {skill: k.name, source: project ? "project" : "machine"}},
+      h("div", {class: "skill-line"},
+        h("code", {class: "skill-name"}, k.name),
+        h("span", {class: `pill skill-source source-${project ? "project" : "machine"}`}, project ? "project" : "machine"),
+        k.shadowed ? h("span", {class: "pill skill-flag"}, "shadowed by the project's own") : null,
+        k.allowed === false ? h("span", {class: "pill skill-flag deny"}, "not allowed here by policy") : null,
+        h("span", {class: "skill-actions"}, show, remove)),
+      h("p", {class: "skill-desc small"}, k.description || ""),
+      k.when ? h("p", {class: "skill-when small"}, h("span", {class: "journal-label"}, "When: "), k.when) : null,
+      confirm);
+    show.addEventListener("click", () => showSkill(k));
+    if (remove) {
+      remove.addEventListener("click", () => {
+        clear(confirm).append(`Remove the machine skill ${k.name} from this machine? `,
+          h("button", {class: "button danger small", type: "button", onclick: () => removeSkill(k.name)}, "Remove"), " ",
+          h("button", {class: "button ghost small", type: "button", onclick: () => { confirm.hidden = true; }}, "Keep"));
+        confirm.hidden = false;
+      });
+    }
+    return row;
+  }
+
+  async function showSkill(k) {
+    const box = $("k-shown");
+    $("k-error").textContent = "";
+    try {
+      const s = await api("GET", `/api/skills/${encodeURIComponent(k.name)}`);
+      $("k-shown-name").textContent = s.name || k.name;
+      $("k-shown-where").textContent = ` ${s.source || k.source} skill${s.path ? ` \u00b7 ${s.path}` : ""}`;
+      $("k-shown-text").textContent = s.text || "";
+      const files = clear($("k-shown-files"));
+      for (const f of s.files || []) files.append(h("li", {}, typeof f === "string" ? f : f.path || JSON.stringify(f)));
+      box.hidden = false;
+      box.scrollIntoView({block: "nearest"});
+    } catch (e) { $("k-error").textContent = e.message; }
+  }
+
+  async function removeSkill(name) {
+    $("k-error").textContent = "";
+    try {
+      await api("DELETE", `/api/skills/${encodeURIComponent(name)}`);
+      $("k-status").textContent = `Removed ${name}.`;
+      if ($("k-shown-name").textContent === name) $("k-shown").hidden = true;
+    } catch (e) { $("k-error").textContent = e.message; return; }
+    fillSkills(true);
+  }
+
+  async function addSkill() {
+    const path = $("k-path").value.trim();
+    $("k-error").textContent = "";
+    $("k-status").textContent = "";
+    if (!path) { $("k-error").textContent = "Name the skill's folder first (it holds SKILL.md)."; return; }
+    $("k-add").disabled = true;
+    try {
+      const res = await api("POST", "/api/skills", {path});
+      const added = res.added || {};
+      $("k-status").textContent = `Added ${added.name || path}.`;
+      $("k-path").value = "";
+      fillSkills(true);
+    } catch (e) {
+      $("k-error").textContent = e.message;
+    } finally { $("k-add").disabled = false; }
   }
 
   /* -- Settings -> Countersignature: the second model ----------------------------------------------- */
@@ -975,6 +1238,10 @@
         loadModels();
         return;
       }
+      if (memory.text !== null && $("m-user").value !== memory.text && !(await saveUserNotes())) {
+        $("m-user").focus();
+        return;                                /* your notes were refused: say so, stay open */
+      }
       dialog.close();
       flashSaved();
     } catch (e) {
@@ -1025,6 +1292,11 @@
   $("cs-provider").addEventListener("change", () => { csProviderShown(""); loadCsModels(); });
   $("cs-base-url").addEventListener("change", loadCsModels);
   $("cs-refresh").addEventListener("click", loadCsModels);
+  $("m-user").addEventListener("input", () => { userSize(); $("m-user-saved").textContent = ""; });
+  $("m-user-save").addEventListener("click", saveUserNotes);
+  $("k-add").addEventListener("click", addSkill);
+  $("k-path").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); addSkill(); } });
+  $("k-shown-close").addEventListener("click", () => { $("k-shown").hidden = true; });
   for (const id of ["s-model", "s-model-typed"]) {
     $(id).addEventListener("input", () => {           /* a model chosen: the "no model" note goes */
       $("settings-saved").textContent = "";
