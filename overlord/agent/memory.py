@@ -150,7 +150,7 @@ def journal_entries(target):
     try:
         with open(path, "rb") as f:
             data = f.read()
-    except FileNotFoundError:
+    except OSError:          # none yet (or unreadable: then there is nothing it can tell)
         return [], None
     out = []
     for line in data.splitlines():
@@ -298,7 +298,7 @@ def _notes(name, path, got, head, sources, blocks):
               "shown": shown, "cut": got.size - shown, "cap": CAPS[name]}
     if got.warning:
         source["warning"] = got.warning
-        blocks.append(f"{head}\n(Not read: {got.warning}.)")
+        blocks.append(f"{head}\n[{got.warning}]")
     elif got.data.strip():
         body = got.data.decode("utf-8", "replace").rstrip("\n")
         cut = [CUT.format(got.size - shown)] if got.size > shown else []

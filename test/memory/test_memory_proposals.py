@@ -111,3 +111,12 @@ def test_an_acceptance_a_rewind_cut_still_counts(kmem, target, tmp_path):
     assert kmem.memory_md() == f"- {NOTES[0]}\n".encode()
     assert "no memory proposal 2" in kmem("memory", "accept", sid, "2", check=None).err
     assert M.next_proposal_id(str(kmem.home / "sessions" / sid)) == 3
+
+
+def test_a_note_already_in_your_notes_is_not_added_twice(kmem, target, tmp_path):
+    sid = _propose(kmem, target, tmp_path)
+    kmem("memory", "user", "--add", NOTES[0], check=0)
+    proc = kmem("memory", "accept", sid, "1", check=0)
+    assert proc.out == f"skipped 1: already in your notes: {NOTES[0]}\n"
+    assert kmem.memory_md() == f"- {NOTES[0]}\n".encode()
+    assert of_type(kmem.events(sid), "memory_accepted") == [] and kmem.audit("memory.accept") == []
