@@ -505,6 +505,7 @@ def test_a_skill_load_shows_in_the_chat_as_a_small_card(home, target, tmp_path, 
         expect(cards.nth(1).locator(".skill-source")).to_have_text("project skill")
         cards.nth(0).locator("summary").click()
         expect(cards.nth(0).locator(".skill-load-files")).to_contain_text("checklist.md")
+        shot(page, "workspace-skill-load-1440.png", tmp_path)
         sid = page.evaluate("location.hash.slice(1)")
         loads = [e for e in ops.transcript(sid) if e["type"] == "skill_load"]
         assert [(e["name"], e["source"]) for e in loads] == [("python-testing", "machine"), ("fmt", "project")]

@@ -197,6 +197,7 @@
       if (denial) { text = "blocked"; cls = "blocked"; }
       c.status.className = `tool-status ${cls}`;
       c.status.textContent = text;
+      if (denial) c.status.title = "blocked by the sandbox"; else c.status.removeAttribute("title");
       /* the sandbox refused it: its own card, the line visible without opening it */
       c.card.classList.toggle("tool-denied", !!denial);
       const old = c.card.querySelector(":scope > summary > .denial-line");
