@@ -501,19 +501,30 @@ def _words(change):
 
 def cmd_diff(args):
     changes = ops.diff(args.sid)
-    texts = ops.unified(args.sid, changes) if args.patch else None
     if args.json:
         from overlord.ops.shapes import change_json
+        texts = ops.unified(args.sid, changes) if args.patch else None
         rows = [change_json(ch) for ch in changes]
+        for row, ch in zip(rows, changes):
+            if ch.path_class:
+                row["class"] = ch.path_class        # grouped by `log --json`'s "git"
         for row, text in zip(rows, texts or ()):
             row["patch"] = text
         dump_json(rows)
         return 0
+    git = ops.git_summary(args.sid, changes)
     if args.patch:
-        sys.stdout.write("".join(texts))
+        # the files under .git/ are summarized, but config and hooks (what runs on the host
+        # once committed) keep their patches
+        shown = R.git_notable(git)
+        patched = [ch for ch in changes if not ch.path_class or ch.path in shown]
+        for line in R.git_lines(git):
+            print(line)
+        sys.stdout.write("".join(ops.unified(args.sid, patched)))
         return 0
-    for ch in changes:
-        print(f"{ch.kind}  {R.escape_path(ch.path)}{_words(ch)}")
+    lines = [(ch.path_class, f"{ch.kind}  {R.escape_path(ch.path)}{_words(ch)}") for ch in changes]
+    for line in R.grouped(lines, git):
+        print(line)
     return 0
 
 
@@ -528,20 +539,25 @@ def cmd_log(args):
     count = len(calls) if traced else None
     kept = [r for r in records if not r.dropped]
     dropped = [r for r in records if r.dropped]
+    git = ops.git_summary(args.sid)
     if args.json:
         from overlord.ops.shapes import record_json
         data = {"sid": args.sid, "syscalls": count, "changes": [record_json(r) for r in kept],
-                "dropped": [record_json(r) for r in dropped]}
+                "dropped": [record_json(r) for r in dropped], "git": git}
+        for row, r in zip(data["changes"] + data["dropped"], kept + dropped):
+            if r.path_class:
+                row["class"] = r.path_class
         if args.syscalls:
             data["syscall_records"] = calls
         dump_json(data)
         return 0
-    for r in kept:
-        print(_log_line(r))
+    for line in R.grouped([(r.path_class, _log_line(r)) for r in kept], git):
+        print(line)
     if dropped:
         print("dropped (not committed):")
-        for r in dropped:
-            print(_log_line(r))
+        for line in R.grouped([(r.path_class, _log_line(r)) for r in dropped],
+                              R.git_count(sum(1 for r in dropped if r.path_class))):
+            print(line)
     if count is not None:
         print(f"syscalls: {count} recorded")
         if args.syscalls:

@@ -36,6 +36,42 @@ def summarize(changes):
     return f"{len(changes)} change{'s' if len(changes) != 1 else ''} ({parts})"
 
 
+def git_lines(summary):
+    """The git summary (ops.git_summary) as lines, one per repository, escaped: ref names and
+    paths came from the session."""
+    return [escape_text(repo.get("line", "")) for repo in (summary or {}).get("repos", ())]
+
+
+def git_notable(summary):
+    """The paths under .git/ a person reads whole (config, hooks): what runs on the host once
+    committed."""
+    out = set()
+    for repo in (summary or {}).get("repos", ()):
+        for item in repo.get("config", []) + repo.get("hooks", []):
+            out.add(f"{repo['dir']}/{item['path']}")
+    return out
+
+
+def git_count(n):
+    """A summary that only counts paths (the dropped part of a partial commit)."""
+    return {"repos": [{"line": f"git: {n} path{'s' if n != 1 else ''} under .git/"}]} if n else None
+
+
+def grouped(lines, summary):
+    """[(path class, line)] with the git-class lines replaced by the summary's lines, at the
+    place of the first of them (at the end when only left-out lock files are said)."""
+    out, said = [], False
+    for cls, text in lines:
+        if cls != "git":
+            out.append(text)
+        elif not said:
+            out.extend(git_lines(summary))
+            said = True
+    if not said:
+        out.extend(git_lines(summary))
+    return out
+
+
 def owner_text(owner, width=60):
     """A blame owner in one cell: origin / drift / unknown, or session @layer and cause.
     The cause (a command line, a model's call id) is escaped: a command or a model chose it."""

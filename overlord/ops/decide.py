@@ -7,7 +7,7 @@ from overlord.errors import OverlordError, UsageError
 from overlord.sandbox import limits
 from overlord.txn import changes as C
 from overlord.txn import commit as K
-from overlord.txn import history, locks, objects, replay, retain, store
+from overlord.txn import gitdir, history, locks, objects, replay, retain, store
 from overlord.txn import layers as L
 from overlord.txn.session import Session, remove_tree
 from overlord.ops import clearance
@@ -71,6 +71,8 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
         records = session.provenance()
         recorded = session.recorded(chosen, records)
         plan = C.plan(view, session.target, session.dialect, recorded)
+        history.require_class(plan, chosen)
+        git = _git_summary(session, plan)
         privileged = K.privileged(plan)
         if privileged and not allow_privileged:
             K.refuse_privileged(privileged)
@@ -93,6 +95,9 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
             session.meta.update(state="committed", committed=time.time(),
                                 forced=bool(force and drifts), merged=sorted(merged),
                                 committed_layers=sorted(chosen) if chosen is not None else None)
+            if isinstance(chosen, history.Chosen):
+                session.meta["committed_classes"] = chosen.classes()
+            session.meta["git_summary"] = git
             if privileged:
                 session.meta["allowed_privileged"] = [{"path": p, "adds": why}
                                                       for p, why in privileged]
@@ -109,6 +114,12 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
             raise
     _drop_working_files(session)
     return CommitResult(sid, plan, sorted(merged)), cleared
+
+
+def _git_summary(session, plan):
+    """What the commit does to the target's git repositories (gitdir.summarize), kept on the
+    record for `log` once the layers are gone; None when it touches none."""
+    return gitdir.summarize(session.target, plan, session.left_out())
 
 
 def _may_move(session):

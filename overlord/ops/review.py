@@ -8,7 +8,7 @@ from overlord.ops import patch as _patch
 from overlord.ops.grants import require_target
 from overlord.sandbox import backends
 from overlord.txn import changes as C
-from overlord.txn import locks, retain, store
+from overlord.txn import gitdir, locks, retain, store
 from overlord.txn.session import Session
 
 
@@ -89,6 +89,28 @@ def _require_layers(session):
 KINDS = C.KINDS
 
 
+def git_summary(sid, changes=None):
+    """What a session does to the target's git repositories, as one summary (txn/gitdir.py:
+    {"paths", "left_out", "repos": [{"dir", "objects", "packs", "refs", "head", "index",
+    "config", "hooks", "other", "left_out", "problem", "line"}]}), or None when nothing under
+    a .git/ changed. Pending: of its plan, ref values read now (changes: ops.diff(sid), if
+    the caller has it); committed: what the commit recorded; rolled back: the names its
+    records hold (no values)."""
+    session = get_session(sid)
+    state = session.meta["state"]
+    if state == "committed" and "git_summary" in session.meta:
+        return session.meta["git_summary"]
+    if state in ("committed", "rolled-back", "unchanged"):
+        records = store.read_jsonl(session.path("provenance.jsonl"))
+        if state == "committed":
+            records = [r for r in records if _committed(session.meta)(r)]
+        records = _net(records)
+        return gitdir.summarize(session.target, (), rows=[(r["path"], r["kind"]) for r in records])
+    if changes is None:
+        changes = diff(sid)
+    return gitdir.summarize(session.target, changes, getattr(changes, "left_out", ()))
+
+
 def unified(sid, changes=None):
     """[str]: the unified diff (`git diff`-like text, escaped) of each change of a pending
     session, in plan order. changes: ops.diff(sid), if the caller already has it."""
@@ -123,6 +145,11 @@ class LogRecord:
     syscalls: int = None
     dropped: bool = False     # after a partial commit: a change that was left out
     details: dict = dataclasses.field(default_factory=dict)   # Change.details (docs/JSON.md)
+
+    @property
+    def path_class(self):
+        """"git" for a path under a .git/ (grouped by git_summary), else None."""
+        return "git" if gitdir.is_git(self.path) else None
 
 
 def log(sid):
@@ -163,11 +190,29 @@ def _net(records):
     return [last[p] for p in sorted(last, key=lambda p: p.split("/"))]
 
 
+def _committed(meta):
+    """Was a provenance record's change part of the commit? (its savepoint chosen, its path
+    class kept, not a git lock file)"""
+    chosen = meta.get("committed_layers")
+    classes = meta.get("committed_classes") or {}
+    keep, gone = set(classes.get("only") or ()), set(classes.get("drop") or ())
+
+    def kept(rec):
+        path = rec["path"]
+        if chosen is not None and rec.get("layer", 0) not in chosen:
+            return False
+        if gitdir.is_lock(path):
+            return False
+        git = gitdir.is_git(path)
+        return not (("git" in keep and not git) or ("git" in gone and git))
+    return kept
+
+
 def _committed_log(session):
-    chosen = session.meta.get("committed_layers")
     records = store.read_jsonl(session.path("provenance.jsonl"))
-    kept = [r for r in records if chosen is None or r.get("layer", 0) in chosen]
-    left_out = [r for r in records if chosen is not None and r.get("layer", 0) not in chosen]
+    committed = _committed(session.meta)
+    kept = [r for r in records if committed(r)]
+    left_out = [r for r in records if not committed(r)]
     record = retain.load(session)
     committed = _from_record(record, kept) if record else [_record(r) for r in _net(kept)]
     return committed + [_record(r, dropped=True) for r in _net(left_out)]

@@ -11,6 +11,10 @@ is mounted over the target, and ends with pivot_root into a fresh tmpfs root tha
                                      kernel knobs (/proc/sys, sysrq-trigger, ...) read-only
   /dev                               null zero full random urandom tty, a private pts
   <target>                           the overlay, read-write, at its real path
+  <the target's external git dirs>   a linked worktree's or submodule's git directory
+                                     outside the target, read-only (txn/gitdir.py)
+  /tmp/.gitconfig                    for a git target: the operator's user.name/email and
+                                     safe.directory (gitdir.jail_config)
 
 Nothing else exists: not $HOME, /root, /mnt, /media, /srv, /run, the host's /tmp (so no
 host unix socket), nor OVERLORD_HOME with its records and layers.
@@ -20,6 +24,7 @@ import os
 
 from overlord.errors import OverlordError
 from overlord.linux import libc
+from overlord.txn import gitdir
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 MASKED = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers",
@@ -36,9 +41,9 @@ RO = libc.MOUNT_ATTR_RDONLY | libc.MOUNT_ATTR_NOSUID | libc.MOUNT_ATTR_NODEV
 
 @dataclasses.dataclass
 class Op:
-    kind: str         # ro-bind | symlink | mask | tmpfs | proc | dev | bind | ro-bind-file
+    kind: str         # ro-bind | symlink | mask | tmpfs | proc | dev | bind | ro-bind-file | file
     dest: str
-    src: str = None
+    src: str = None   # (file: its text)
 
 
 def _inside(path, root):
@@ -62,10 +67,29 @@ def plan(target, net="host", tty=None):
         if resolver:
             ops.append(Op("ro-bind-file", resolver, resolver))
     ops.append(Op("bind", target, target))
+    ops += _git_ops(target)
     for op in ops:
         if not os.path.isabs(op.dest) or os.path.normpath(op.dest) != op.dest:
             raise OverlordError(f"jail: not a clean absolute path: {op.dest}")
     return ops
+
+
+def _git_ops(target):
+    """For a git work tree: the git directories it keeps outside itself (a linked worktree's
+    git dir and common dir, a submodule's git dir), read-only at their real paths, so git
+    status/log/diff work and a write fails (EROFS) -- never the host's git dir written from
+    the session; and the jail's global git config ($HOME=/tmp), see gitdir.jail_config."""
+    out = []
+    for d in gitdir.binds(target):
+        if any(_inside(d, s) for s in SYSTEM_DIRS):
+            continue                  # the system trees are read-only in the jail already
+        if d == "/" or any(_inside(d, r) for r in RESERVED):
+            raise OverlordError(f"cannot jail a target whose git directory is {d}")
+        out.append(Op("ro-bind", d, d))
+    text = gitdir.jail_config(target)
+    if text is not None:
+        out.append(Op("file", "/tmp/.gitconfig", text))
+    return out
 
 
 def _resolver_outside_etc():
@@ -120,6 +144,13 @@ def build(ops, newroot):
         elif op.kind == "bind":
             _mkdirs(dest)
             libc.mount(op.src, dest, None, libc.MS_BIND | libc.MS_REC)
+        elif op.kind == "file":         # a small file of the jail's own (on its /tmp)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                         os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, op.src.encode("utf-8", "surrogateescape"))
+            finally:
+                os.close(fd)
     os.unlink(empty)
     # the root itself is read-only too: nothing can be created beside the jail's mounts
     libc.mount(None, newroot, None, libc.MS_REMOUNT | libc.MS_BIND | libc.MS_RDONLY |

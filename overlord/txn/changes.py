@@ -110,6 +110,12 @@ class Change:
         return self.entry.layer
 
     @property
+    def path_class(self):
+        """"git" for a path under a .git/ (txn/gitdir.py), else None."""
+        from overlord.txn.gitdir import is_git
+        return "git" if is_git(self.path) else None
+
+    @property
     def details(self):
         """What a person must see beyond the kind: types, link target, mode, owner, xattrs,
         and what the change adds that commit refuses without --allow-privileged-modes."""
@@ -185,11 +191,16 @@ def layer_change(entry, before_abs, before_st, before_xattrs=None):
     return None if same_content(entry, before_abs, before_st) else "modified"
 
 
+class Plan(list):
+    """[Change], and the git lock files left out of it (txn/gitdir.py): never committed."""
+    left_out = ()
+
+
 def plan(view, target, dialect=None, recorded=None):
     """[Change] for a stacked view over the real tree, parents before children.
     recorded: the paths the session's provenance names; a real directory the session only
     wrote inside (a copy-up, named by no record) is no change, whatever its attributes now."""
-    changes, fresh_roots = [], set()
+    changes, fresh_roots = Plan(), set()
     for path in sorted(view, key=lambda p: p.split("/")):
         entry = view[path]
         fresh = any(p in fresh_roots for p in L.parents(path))

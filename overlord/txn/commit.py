@@ -8,6 +8,7 @@ import subprocess
 from overlord.errors import Conflict
 from overlord.text import escape_path, escape_text
 from overlord.txn import changes as C
+from overlord.txn import gitdir
 from overlord.txn import layers as L
 from overlord.txn.replay import DirFds, ViaSymlink, safe_lstat
 
@@ -73,7 +74,9 @@ def check_drift(session, view, records=None, layers=None):
                 drifts.extend(_descendant_drift(session.target, path, stamp))
     finally:
         fds.close()
-    return drifts
+    # a ref file's drift named by its ref and values; a loose ref made outside for a ref the
+    # session moved in packed-refs (see gitdir.ref_drifts)
+    return gitdir.ref_drifts(session, view, drifts, Drift)
 
 
 def _path_drift(entry, cur, before, stamp):

@@ -12,6 +12,7 @@ import time
 
 from overlord.errors import UsageError
 from overlord.txn import changes as C
+from overlord.txn import gitdir
 from overlord.txn import layers as L
 from overlord.txn import store
 from overlord.txn.seal import seal_path
@@ -157,18 +158,37 @@ def compare(a, b):
 
 # -- commit by cause ---------------------------------------------------------------------------
 
+class Chosen(set):
+    """Layer indexes, and the path classes (gitdir.CLASSES) a selection keeps (`keep`: only
+    these) or drops (`gone`). Session.read_layers filters each layer by them."""
+    keep = frozenset()
+    gone = frozenset()
+
+    def classes(self):
+        """What the record keeps of the path classes: {"only": [...], "drop": [...]}."""
+        return {"only": sorted(self.keep), "drop": sorted(self.gone)}
+
+
 def select(session, only=(), drop=()):
     """Layer indexes chosen by --only / --drop selectors (layer:N, layer:A-B, turn:N,
-    tool:NAME, call:ID; repeatable or comma-separated). None when neither is given."""
+    tool:NAME, call:ID; repeatable or comma-separated), and the path class `git` (the files
+    under .git/: a Chosen). Savepoint selectors choose layers, class selectors filter the
+    paths of the layers chosen: `--only turn:3 --drop git` is turn 3 without its .git/
+    files. None when neither is given."""
     if not only and not drop:
         return None
+    keep, gone, only, drop = gitdir.path_classes(only, drop)
     count = len(session.meta["layers"])
     chosen = set(range(count)) if not only else set()
     for sel in _split(only):
         chosen |= _match(session, sel)
     for sel in _split(drop):
         chosen -= _match(session, sel)
-    return chosen
+    if not keep and not gone:
+        return chosen
+    out = Chosen(chosen)
+    out.keep, out.gone = frozenset(keep), frozenset(gone)
+    return out
 
 
 def select_some(session, only, drop, act):
@@ -176,7 +196,18 @@ def select_some(session, only, drop, act):
     chosen = select(session, only, drop)
     if chosen is not None and not chosen:
         raise UsageError(f"the selectors leave no savepoint to {act}")
+    if isinstance(chosen, Chosen) and chosen.keep & chosen.gone:
+        raise UsageError(f"the selectors keep and drop {sorted(chosen.keep & chosen.gone)[0]}: "
+                         f"nothing is left to {act}")
     return chosen
+
+
+def require_class(plan, chosen):
+    """--only CLASS over a plan that holds none of it: refused (it would commit nothing of
+    what was asked, and the session's other changes would be gone with it)."""
+    if isinstance(chosen, Chosen) and "git" in chosen.keep and not any(
+            gitdir.is_git(ch.path) for ch in plan):
+        raise UsageError("selector 'git' matches no change (the session changed nothing under .git/)")
 
 
 def _split(items):
@@ -186,7 +217,8 @@ def _split(items):
 def _match(session, selector):
     m = SELECTOR.match(selector)
     if not m:
-        raise UsageError(f"not a selector: {selector!r} (layer:N, layer:A-B, turn:N, tool:NAME, call:ID)")
+        raise UsageError(f"not a selector: {selector!r} (layer:N, layer:A-B, turn:N, tool:NAME, "
+                         "call:ID, git)")
     kind, value = m.groups()
     layers = session.meta["layers"]
     if kind == "layer":

@@ -7,6 +7,7 @@ import time
 
 from overlord.txn import changes as C
 from overlord.txn import flatten
+from overlord.txn import gitdir
 from overlord.txn import layers as L
 from overlord.txn import seal as S
 from overlord.txn import store
@@ -70,12 +71,17 @@ class Session:
 
     def read_layers(self, indexes=None):
         """[{path: Entry}] bottom first (optionally only the chosen layer indexes), each layer
-        verified against its seal first."""
-        out = []
+        verified against its seal first. Git's lock files are left out (self.locks keeps them,
+        layer by layer), and so is what path-class selectors drop (`indexes` as
+        history.select() returns it: see gitdir.filter_layer)."""
+        keep, gone = getattr(indexes, "keep", ()), getattr(indexes, "gone", ())
+        out, self.locks = [], []
         for i, d in enumerate(self.layer_dirs()):
             if indexes is None or i in indexes:
                 self.verify_layer(i)
-                out.append(L.read_layer(d, self.dialect, i))
+                entries, locks = gitdir.filter_layer(L.read_layer(d, self.dialect, i), keep, gone)
+                out.append(entries)
+                self.locks.append(locks)
         return out
 
     def verify_layer(self, i):
@@ -85,7 +91,17 @@ class Session:
         return L.stack(self.read_layers(indexes))
 
     def plan(self, indexes=None):
-        return C.plan(self.view(indexes), self.target, self.dialect, self.recorded(indexes))
+        """[Change] commit would make (changes.Plan: .left_out names the lock files left out)."""
+        out = C.plan(self.view(indexes), self.target, self.dialect, self.recorded(indexes))
+        out.left_out = self.left_out()
+        return out
+
+    def left_out(self):
+        """The git lock files the last read_layers() left out that would have been a change."""
+        locks = L.stack(getattr(self, "locks", []))
+        paths = [ch.path for ch in C.plan(locks, self.target, self.dialect)] if locks else []
+        shown = set(paths)
+        return [p for p in paths if not any(a in shown for a in L.parents(p))]   # top-most
 
     def recorded(self, indexes=None, records=None):
         """Every path the provenance of the (chosen) layers names."""
@@ -236,6 +252,9 @@ class Session:
                    "after": C.content_hash(entry.src, entry.st) if entry.src else None}
             if from_real:
                 rec["base"] = fingerprint_of(before_st, rec["before"])
+                if (gitdir.is_ref_file(path) and before_st is not None and
+                        stat.S_ISREG(before_st.st_mode) and before_st.st_size <= gitdir.PACKED_CAP):
+                    keep_base_copy(self, before_abs, rec["before"])   # to name a ref's drift
                 if self.meta.get("merge_base") and before_st is not None and stat.S_ISREG(before_st.st_mode):
                     keep_base_copy(self, before_abs, rec["before"])
             records.append(rec)
