@@ -31,7 +31,7 @@ _EXPORTS = {
     "broker": ("BROKERED", "Broker", "Caller", "TOOL_SPECS", "ToolOutcome", "covered"),
     "memory": ("memory_accept", "memory_journal", "memory_proposals", "memory_show", "memory_user", "memory_user_add", "memory_user_set"),
     "skills": ("skill_add", "skill_new", "skill_remove", "skill_show", "skills_list"),
-    "review": ("KINDS", "reconcile", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "log", "resolve_sid", "syscalls", "traced", "unified"),
+    "review": ("KINDS", "reconcile", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "git_summary", "log", "resolve_sid", "syscalls", "traced", "unified"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

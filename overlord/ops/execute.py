@@ -12,7 +12,7 @@ from overlord.errors import Denied, LaunchError, OverlordError, UsageError
 from overlord.sandbox import backends, executor, harden, jail, limits
 from overlord.sandbox import trace_ebpf
 from overlord.sandbox.trace import Recorder
-from overlord.txn import locks, store
+from overlord.txn import gitdir, locks, store
 from overlord.txn.session import Session, open_stamp_ns, remove_tree
 from overlord.ops.grants import (_check_backend_grants, _inside, require_target, resolve_target,
                                  target_id, validate_grants)
@@ -436,7 +436,8 @@ def _create_session(target, mod, grants, argv, trace, policy_origin=None, broker
             "target_id": target_id(target),
             "merge_base": bool(grants.get("merge_base")), "trace": trace,
             "command": shlex.join(argv), "layers": [], "uid": os.getuid(),
-            "enforcement": enforcement(grants), "policy": policy_origin}
+            "enforcement": enforcement(grants), "policy": policy_origin,
+            "git": gitdir.record(target)}
     if broker:
         meta["broker"] = broker
     session = Session(meta)

@@ -129,3 +129,5 @@ def _check_backend_grants(backend, grants, target):
                                 "refuses rather than running with the network")
     if grants.get("jail"):
         jail.plan(target, grants.get("net", "host"))      # refuses a target it cannot jail
+    from overlord.txn import gitdir
+    gitdir.refuse_unjailed(target, grants)     # git would write a git dir outside the target
