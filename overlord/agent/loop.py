@@ -161,7 +161,9 @@ class Loop:
             try:
                 outcome = self.toolbox.call(name, args, cause)
             except OverlordError as exc:       # the session itself refused (limit, state, ...)
-                self._result(turn, call, tools.Outcome(f"Not run: {exc}", is_error=True), 0)
+                refused = getattr(self.toolbox, "refused", None)     # with the denial, if any
+                self._result(turn, call, refused(name, args, exc) if refused else
+                             tools.Outcome(f"Not run: {exc}", is_error=True), 0)
                 self.record.record("error", turn=turn, message=str(exc))
                 return ("limit" if self.limit_crossed() else "error"), str(exc)
             if self.cancel.is_set():

@@ -203,11 +203,30 @@ class Toolbox:
         except Refused as exc:
             return Outcome(str(exc), is_error=True)
         if self.explain and self._captures:
-            denial = self.explain(name, args, self._captures)
-            if denial:
-                outcome.denial = denial.record()
-                outcome.content = f"{denial.line}\n{outcome.content}"
+            self._explain(outcome, lambda: self.explain(name, args, self._captures))
         return outcome
+
+    def refused(self, name, args, exc):
+        """The Outcome of a call whose command the session refused to run (ops raised
+        OverlordError: a crossed grant, a session no longer open): `Not run: why`, with the
+        denial line first when the refusal is the sandbox's (agent/denials.py)."""
+        outcome = Outcome(f"Not run: {exc}", is_error=True)
+        how = getattr(self.explain, "refused", None)
+        if how:
+            self._explain(outcome, lambda: how(name, args, self._captures, exc))
+        return outcome
+
+    @staticmethod
+    def _explain(outcome, explain):
+        """Put a denial's line first in what the model reads and its record on the outcome.
+        The check never costs the call: if it breaks, the call's own result stands."""
+        try:
+            denial = explain()
+        except Exception:        # noqa: BLE001 - a wrong explanation is worse than none
+            denial = None
+        if denial:
+            outcome.denial = denial.record()
+            outcome.content = f"{denial.line}\n{outcome.content}"
 
     def script(self, kind, args, cause, input=b"", cap=OUTPUT_CAP, timeout=None, text=None):
         """Run SCRIPTS[kind] (or `text`, which starts with RESOLVE's checks when it takes a path)
