@@ -168,7 +168,7 @@ def test_conditions_block_and_the_own_source_clause(kovl, target, tmp_path):
         assert fact in text, fact
     assert "OVERLORD's own source" not in text
     assert [t["name"] for t in system["tools"]] == ["list_dir", "read_file", "write_file",
-                                                    "edit_file", "search", "shell"]
+                                                    "edit_file", "search", "shell", "remember"]
     own = tmp_path / "checkout"
     for rel in ("overlord/ops/__init__.py", "overlord/sandbox/jail.py", "overlord/agent/loop.py"):
         os.makedirs(own / os.path.dirname(rel), exist_ok=True)
