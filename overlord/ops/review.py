@@ -212,7 +212,8 @@ def _committed_log(session):
     records = store.read_jsonl(session.path("provenance.jsonl"))
     committed = _committed(session.meta)
     kept = [r for r in records if committed(r)]
-    left_out = [r for r in records if not committed(r)]
+    # (a git lock file was never part of any commit: the git summary says it was left out)
+    left_out = [r for r in records if not committed(r) and not gitdir.is_lock(r["path"])]
     record = retain.load(session)
     committed = _from_record(record, kept) if record else [_record(r) for r in _net(kept)]
     return committed + [_record(r, dropped=True) for r in _net(left_out)]

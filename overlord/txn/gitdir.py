@@ -327,10 +327,11 @@ def _classify(repo, rest, kind, sides, path):
     if rest == "":
         repo["state"] = {"added": "new repository", "deleted": "repository removed",
                          "replaced-dir": "repository replaced"}.get(kind)
-        if kind == "modified" and sides is not None:
-            ch = sides.by_path.get(path)
-            if ch is not None and ch.entry.kind != "dir":
-                repo["state"] = f"{GIT} replaced by a {ch.entry.kind}"
+        ch = sides.by_path.get(path) if sides is not None else None
+        if kind == "modified" and ch is not None and ch.entry.kind != "dir":
+            was_dir = ch.real is not None and stat.S_ISDIR(ch.real.st_mode)
+            repo["state"] = (f"{GIT} replaced by a {ch.entry.kind}" if was_dir
+                             else f"{GIT} changed")           # a `gitdir:` file
         return
     if LOOSE.match(rest):
         if kind == "added":
