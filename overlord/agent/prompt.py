@@ -36,6 +36,9 @@ How to work:
   for a new file. Run the project's own checks with shell when there are any.
 - Each tool call that changes files becomes its own savepoint, so the operator can review,
   rewind or drop your changes call by call. Keep calls purposeful.
+- A tool result whose first line starts with "blocked" is the sandbox refusing the call (the
+  line says what and why): do not retry it as it was; work within the conditions above or say
+  what you needed.
 - When the task is done, stop calling tools and say briefly what you changed and why."""
 
 
