@@ -175,7 +175,8 @@ def journal_line(entry):
     parts = [f"- {when}, session {_flat(entry.get('sid'))}: task \"{_flat(entry.get('task'))}\"",
              f"committed {n} change{'' if n == 1 else 's'}" + (f" ({named})" if named else "")]
     claim = _flat(entry.get("claim"))
-    parts.append(f"the model's own claim (not verified): \"{claim}\"" if claim else
+    # quoted as JSON: a quote in the model's words cannot end its claim early
+    parts.append(f"the model's own claim (not verified): {json.dumps(claim, ensure_ascii=False)}" if claim else
                  "the model said nothing at the end")
     return "; ".join(parts)
 

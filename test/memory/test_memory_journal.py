@@ -63,12 +63,14 @@ def test_a_partial_commit_names_only_what_was_committed(kmem, target, tmp_path):
 
 
 def test_model_text_is_capped_flattened_and_escaped(kmem, target, tmp_path):
-    claim = "\x1b[31mred\x1b[0m\nsecond line " + "z" * 600
+    claim = "\x1b[31mred\x1b[0m\nsecond \"quoted\" line " + "z" * 600
     sid = _agent(kmem, target, tmp_path, claim=claim, task="task with\x1b]0;title\x07 bytes")
     kmem("commit", sid, check=0)
     (e,) = _journal(kmem, target)
     assert len(e["claim"]) == M.CLAIM_CAP and e["claim"].endswith("...")
-    assert "\n" not in e["claim"] and e["claim"].startswith("\x1b[31mred\x1b[0m second line")
+    assert "\n" not in e["claim"] and e["claim"].startswith("\x1b[31mred\x1b[0m second \"quoted\" line")
+    told = kmem("memory", "show", "-t", target, check=0).out       # a quote cannot end the claim
+    assert 'the model\'s own claim (not verified): "\\u001b[31mred\\u001b[0m second \\"quoted\\" line' in told
     out = kmem("memory", "journal", "-t", target, check=0).out
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b[31mred" in out and "\\x1b]0;title\\x07" in out
