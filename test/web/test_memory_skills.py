@@ -316,6 +316,20 @@ def test_save_on_a_proposal_card_while_the_agent_runs(home, target, tmp_path, pa
         assert page.evaluate("window.__pwned") is None
         page.click("#open-settings")
         expect(page.locator("#m-user")).to_have_value(f"- {ODD}\n")
+        page.click("#settings-close")
+        # commit: the journal in Settings -> Memory is OVERLORD's record, the model's words its claim
+        page.click("#commit")
+        expect(page.locator("#decided")).to_contain_text("Committed")
+        page.click("#open-settings")
+        page.get_by_role("navigation", name="Settings sections").get_by_role("button", name="Memory").click()
+        expect(page.locator("#s-memory legend")).to_be_in_viewport()
+        entry = page.locator("#m-journal .journal-entry")
+        expect(entry).to_have_count(1)
+        expect(entry.locator(".journal-task")).to_have_text("Task: note my preference")
+        expect(entry.locator(".claim-label")).to_have_text("The model's own claim (not checked):")
+        expect(entry.locator(".claim-text")).to_have_text("Done: notes.txt is written and I proposed one note for your notes.")
+        expect(entry.locator(".journal-files")).to_have_text("Files changed: notes.txt")
+        shot(page, "settings-memory-journal-1440.png", tmp_path)
     finally:
         ui.close()
 
@@ -439,6 +453,8 @@ def test_the_skills_settings_list_show_add_and_remove(home, target, tmp_path, pa
         page = pages()
         open_workspace(page, ui)
         page.click("#open-settings")
+        page.get_by_role("navigation", name="Settings sections").get_by_role("button", name="Skills").click()
+        expect(page.locator("#s-skills legend")).to_be_in_viewport()
         rows = page.locator("#k-list .skill-row")
         expect(rows).to_have_count(2)
         fmt = page.locator('.skill-row[data-skill="fmt"]')

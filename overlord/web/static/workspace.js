@@ -1293,6 +1293,9 @@
   $("cs-provider").addEventListener("change", () => { csProviderShown(""); loadCsModels(); });
   $("cs-base-url").addEventListener("change", loadCsModels);
   $("cs-refresh").addEventListener("click", loadCsModels);
+  for (const b of document.querySelectorAll("#settings-nav [data-goto]")) {
+    b.addEventListener("click", () => $(b.dataset.goto).scrollIntoView({block: "start"}));
+  }
   $("m-user").addEventListener("input", () => { userSize(); $("m-user-saved").textContent = ""; });
   $("m-user-save").addEventListener("click", saveUserNotes);
   $("k-add").addEventListener("click", addSkill);
