@@ -176,7 +176,18 @@ def dossier(app, sid):
         "reviewing": app.reviews.status(sid),
         "countersign": _countersign(app, meta),
         "external": _external(sid),
+        "git": _git(sid, changes if staged else None),
     }
+
+
+def _git(sid, changes):
+    """What the session does to the folder's git repositories, one summary per repository
+    (ops.git_summary: {paths, left_out, repos: [{dir, line, ...}]}), or None: nothing under a
+    .git/ changed, or it cannot be said (the inspector then lists those paths one by one)."""
+    try:
+        return ops.git_summary(sid, changes)
+    except (OverlordError, OSError, ValueError):
+        return None
 
 
 def _external(sid):

@@ -11,9 +11,11 @@ attacker-chosen: they must arrive in the page as text, never as markup.
 """
 import json
 import os
+import subprocess
 
 import pytest
 
+from conftest import require_tool
 from weblib import REPO, UI, records, require_kernel, tree, ui  # noqa: F401
 from test_browser import browser, expect, no_overflow, open_workspace, pages, shot  # noqa: E402,F401
 
@@ -528,5 +530,43 @@ def test_a_skill_load_shows_in_the_chat_as_a_small_card(home, target, tmp_path, 
         page.reload()
         expect(cards).to_have_count(2)
         assert page.evaluate("window.__pwned") is None
+    finally:
+        ui.close()
+
+
+# -- the inspector: git's own files, one line per repository (ops.git_summary) ------------------------
+
+def test_the_inspector_folds_a_sessions_git_files_into_one_line(home, target, tmp_path, pages):
+    require_tool("git")
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
+    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "first"]):
+        subprocess.run(argv, cwd=target, env=env, check=True)
+    turns = script({"text": "Committing.", "tool_calls": [
+                        {"name": "write_file", "input": {"path": "app.txt", "content": "v2\n"}},
+                        {"name": "shell", "input": {"command": "git add -A && git commit -qm 'agent: app' && git log --oneline | head -1"}}]},
+                   {"text": "Committed inside the session."})
+    ui = serve(home, target, tmp_path, turns)
+    try:
+        page = pages()
+        open_workspace(page, ui)
+        page.fill("#prompt", "commit it")
+        page.click("#send")
+        expect(page.locator(".note.done")).to_be_visible()
+        sid = page.evaluate("location.hash.slice(1)")
+        summary = ui.ok("GET", f"/api/session/{sid}")["git"]
+        (repo,) = summary["repos"]
+        assert repo["dir"] == ".git" and repo["line"].startswith("git")
+        row = page.locator("#file-list .git-row")
+        expect(row).to_have_count(1)
+        expect(row.locator("summary")).to_have_text(repo["line"])
+        expect(page.locator('#file-list .file-row a[title="app.txt"]')).to_have_count(1)
+        # no .git/ file listed on its own, nor among the diffs
+        assert page.locator('#file-list > .file-row:not(.git-row) [title^=".git"]').count() == 0
+        expect(page.locator("#diffs .file-diff")).to_have_count(1)
+        expect(page.locator("#diffs .file-diff .path")).to_have_text("app.txt")
+        row.locator("summary").click()
+        assert row.locator("li").count() == summary["paths"]
+        shot(page, "workspace-git-summary-1440.png", tmp_path)
     finally:
         ui.close()

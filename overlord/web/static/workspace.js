@@ -626,7 +626,20 @@
       : d.dropped && d.dropped.length ? "Nothing was committed: every change was left out."
       : "Nothing was changed.";
     const byPath = new Map(d.diffs.map((x, i) => [x.path, [x, i]]));
-    changes.forEach((c) => {
+    /* git's own files: one line per repository (objects, refs moved, ...), its paths folded */
+    const repos = ((d.git && d.git.repos) || []).map((r) => ({r, paths: []}));
+    const repoOf = (path) => repos.find((g) => path === g.r.dir || path.startsWith(`${g.r.dir}/`));
+    const gitPaths = new Set();
+    for (const c of changes) { const g = repoOf(c.path); if (g) { g.paths.push(c); gitPaths.add(c.path); } }
+    for (const g of repos) {
+      if (!g.paths.length) continue;
+      files.append(h("li", {class: "file-row git-row", dataset: {repo: g.r.dir}},
+        h("span", {class: "badge git-badge", title: "files under .git/"}, "git"),
+        h("details", {class: "git-paths"}, h("summary", {title: g.r.line}, g.r.line || g.r.dir),
+          g.r.problem ? h("p", {class: "inline-error"}, g.r.problem) : null,
+          h("ul", {}, g.paths.map((c) => h("li", {}, kindBadge(c.kind), h("bdi", {}, c.path)))))));
+    }
+    changes.filter((c) => !gitPaths.has(c.path)).forEach((c) => {
       const found = byPath.get(c.path);
       files.append(h("li", {class: "file-row"}, kindBadge(c.kind),
         found && found[0].directory ? h("span", {class: "dir-path", title: c.path}, h("bdi", {}, `${c.path}/`)) :
@@ -644,7 +657,7 @@
           h("span", {class: "dir-path", title: c.path}, h("bdi", {}, c.path)), h("span", {class: "muted small"}, "dropped")));
       }
     }
-    d.diffs.forEach((x, i) => { if (!x.directory) diffs.append(fileDiff(x, `diff-${i}`)); });
+    d.diffs.forEach((x, i) => { if (!x.directory && !gitPaths.has(x.path)) diffs.append(fileDiff(x, `diff-${i}`)); });
     externalList(d.external);
     const points = d.savepoints.filter((p) => !(p.cause && p.cause.event === "open" && !p.paths));
     $("steps-section").hidden = !points.length;
