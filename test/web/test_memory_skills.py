@@ -53,6 +53,20 @@ def serve(home, target, tmp_path, turns=None, jail=True):
     return server
 
 
+@pytest.fixture
+def served(home, target, tmp_path):
+    """serve(turns, jail), each server closed after the test's pages are checked (requested
+    before `pages`, torn down after it: no page is left calling a server that went away)."""
+    started = []
+
+    def start(turns=None, jail=True):
+        started.append(serve(home, target, tmp_path, turns, jail))
+        return started[-1]
+    yield start
+    for server in started:
+        server.close()
+
+
 def gate_command(gate):
     """A shell command the agent runs that waits (on a condition, not a clock) until the test
     creates `gate`: the agent is still running meanwhile. Outside the target, so the session
@@ -229,116 +243,110 @@ def test_a_proposal_is_saved_while_the_agent_runs_and_the_record_says_so(propose
 
 # -- in a real browser: Settings -> Memory ------------------------------------------------------------
 
-def test_a_person_edits_their_notes_in_settings_memory(home, target, tmp_path, pages):
+def test_a_person_edits_their_notes_in_settings_memory(home, target, tmp_path, served, pages):
     (target / "OVERLORD.md").write_text(f"- the build is `make`\n- {ODD}\n")
-    ui = serve(home, target, tmp_path)
-    try:
-        page = pages()
-        open_workspace(page, ui)
-        page.click("#open-settings")
-        notes = page.locator("#m-user")
-        expect(notes).to_have_value("")
-        expect(page.locator("#m-user-size")).to_contain_text("0 of the 8,192 bytes")
-        # the folder's notes: read-only, as text (the model may have written them)
-        expect(page.locator("#m-folder")).to_have_text(os.path.realpath(target))
-        expect(page.locator("#m-journal")).to_contain_text("No committed agent work")
-        page.locator(".memory-told").evaluate("d => { d.open = true; }")
-        expect(page.locator("#m-told")).to_contain_text("the build is `make`")
-        expect(page.locator("#m-told")).to_contain_text(ODD)
-        assert page.locator("#s-memory img").count() == 0
-        notes.fill("- answer in British English\n- I review every diff")
-        expect(page.locator("#m-user-size")).to_contain_text("49 of the 8,192 bytes")
-        page.click("#m-user-save")
-        expect(page.locator("#m-user-saved")).to_contain_text("Saved (50 bytes)")
-        assert (home / "memory.md").read_text() == "- answer in British English\n- I review every diff\n"
-        expect(page.locator("#m-told")).to_contain_text("I review every diff")
-        shot(page, "settings-memory-1440.png", tmp_path)
-        # a refusal is said beside the notes, nothing changes: a link where the file was
-        pages.allowed.append("status of 400")
-        os.unlink(home / "memory.md")
-        os.symlink(target / "OVERLORD.md", home / "memory.md")
-        notes.fill("- overwritten?")
-        page.click("#m-user-save")
-        expect(page.locator("#m-user-error")).to_contain_text("symbolic link")
-        assert os.path.islink(home / "memory.md")
-        os.unlink(home / "memory.md")
-        # the dialog's own Save keeps the notes too, and a reload reads them back
-        page.click("#settings-close")
-        page.click("#open-settings")
-        notes.fill("- saved with the dialog")
-        page.click("#settings-save")
-        expect(page.locator("#settings")).to_be_hidden()
-        assert (home / "memory.md").read_text() == "- saved with the dialog\n"
-        page.reload()
-        page.click("#open-settings")
-        expect(notes).to_have_value("- saved with the dialog\n")
-        # over the cap: said (the agent is told the newest part)
-        notes.fill("x" * 9000)
-        expect(page.locator("#m-user-size")).to_contain_text("over the 8,192")
-        assert page.evaluate("window.__pwned") is None
-        phone = pages(390, 844)
-        open_workspace(phone, ui)
-        phone.click("#rail-open")
-        phone.click("#open-settings")
-        expect(phone.locator("#m-user")).to_be_visible()
-        expect(phone.locator("#m-folder")).to_have_text(os.path.realpath(target))
-        expect(phone.locator("#k-list li")).to_have_count(1)            # every read has answered
-        expect(phone.locator("#s-model-status")).not_to_contain_text("Loading")
-        no_overflow(phone)
-    finally:
-        ui.close()
+    ui = served()
+    page = pages()
+    open_workspace(page, ui)
+    page.click("#open-settings")
+    notes = page.locator("#m-user")
+    expect(notes).to_have_value("")
+    expect(page.locator("#m-user-size")).to_contain_text("0 of the 8,192 bytes")
+    # the folder's notes: read-only, as text (the model may have written them)
+    expect(page.locator("#m-folder")).to_have_text(os.path.realpath(target))
+    expect(page.locator("#m-journal")).to_contain_text("No committed agent work")
+    page.locator(".memory-told").evaluate("d => { d.open = true; }")
+    expect(page.locator("#m-told")).to_contain_text("the build is `make`")
+    expect(page.locator("#m-told")).to_contain_text(ODD)
+    assert page.locator("#s-memory img").count() == 0
+    notes.fill("- answer in British English\n- I review every diff")
+    expect(page.locator("#m-user-size")).to_contain_text("49 of the 8,192 bytes")
+    page.click("#m-user-save")
+    expect(page.locator("#m-user-saved")).to_contain_text("Saved (50 bytes)")
+    assert (home / "memory.md").read_text() == "- answer in British English\n- I review every diff\n"
+    expect(page.locator("#m-told")).to_contain_text("I review every diff")
+    shot(page, "settings-memory-1440.png", tmp_path)
+    # a refusal is said beside the notes, nothing changes: a link where the file was
+    pages.allowed.append("status of 400")
+    os.unlink(home / "memory.md")
+    os.symlink(target / "OVERLORD.md", home / "memory.md")
+    notes.fill("- overwritten?")
+    page.click("#m-user-save")
+    expect(page.locator("#m-user-error")).to_contain_text("symbolic link")
+    assert os.path.islink(home / "memory.md")
+    os.unlink(home / "memory.md")
+    # the dialog's own Save keeps the notes too, and a reload reads them back
+    page.click("#settings-close")
+    page.click("#open-settings")
+    notes.fill("- saved with the dialog")
+    page.click("#settings-save")
+    expect(page.locator("#settings")).to_be_hidden()
+    assert (home / "memory.md").read_text() == "- saved with the dialog\n"
+    page.reload()
+    page.click("#open-settings")
+    expect(notes).to_have_value("- saved with the dialog\n")
+    # over the cap: said (the agent is told the newest part)
+    notes.fill("x" * 9000)
+    expect(page.locator("#m-user-size")).to_contain_text("over the 8,192")
+    assert page.evaluate("window.__pwned") is None
+    phone = pages(390, 844)
+    open_workspace(phone, ui)
+    phone.click("#rail-open")
+    phone.click("#open-settings")
+    expect(phone.locator("#m-user")).to_be_visible()
+    expect(phone.locator("#m-folder")).to_have_text(os.path.realpath(target))
+    expect(phone.locator("#k-list li")).to_have_count(1)            # every read has answered
+    expect(phone.locator("#s-model-status")).not_to_contain_text("Loading")
+    no_overflow(phone)
 
 
-def test_save_on_a_proposal_card_while_the_agent_runs(home, target, tmp_path, pages):
+def test_save_on_a_proposal_card_while_the_agent_runs(home, target, tmp_path, served, pages):
     gate = tmp_path / "gate"
-    ui = serve(home, target, tmp_path, proposing(gate), jail=False)
-    try:
-        page = pages()
-        open_workspace(page, ui)
-        page.fill("#prompt", "note my preference")
-        page.click("#send")
-        card = page.locator("section.memory-proposal")
-        expect(card).to_have_count(1)
-        # the note is the model's text: shown as text, never markup
-        expect(card.locator(".proposal-note")).to_have_text(ODD)
-        assert card.locator("img").count() == 0
-        expect(page.locator("details.tool").nth(2).locator(".tool-status")).to_have_text("running")
-        expect(page.locator("#stop")).to_be_visible()               # the agent is still working
-        card.get_by_role("button", name="Save to your notes").click()
-        expect(card.locator(".proposal-status")).to_have_text("Saved to your notes by you, here.")
-        expect(card).to_have_class("memory-proposal is-saved")
-        expect(card.get_by_role("button")).to_be_hidden()
-        assert ODD in (home / "memory.md").read_text()
-        sid = page.evaluate("location.hash.slice(1)")
-        assert [e["ids"] for e in ops.transcript(sid) if e["type"] == "memory_accepted"] == [[1]]
-        expect(page.locator("#stop")).to_be_visible()
-        shot(page, "workspace-memory-proposal-1440.png", tmp_path)
-        gate.write_text("go")
-        expect(page.locator(".note.done")).to_be_visible()
-        # after a reload the card says saved, from the transcript's memory_accepted
-        page.reload()
-        expect(card.locator(".proposal-status")).to_have_text("Saved to your notes by you, here.")
-        expect(card.get_by_role("button")).to_be_hidden()
-        expect(page.locator("details.tool")).to_have_count(3)
-        assert page.evaluate("window.__pwned") is None
-        page.click("#open-settings")
-        expect(page.locator("#m-user")).to_have_value(f"- {ODD}\n")
-        page.click("#settings-close")
-        # commit: the journal in Settings -> Memory is OVERLORD's record, the model's words its claim
-        page.click("#commit")
-        expect(page.locator("#decided")).to_contain_text("Committed")
-        page.click("#open-settings")
-        page.get_by_role("navigation", name="Settings sections").get_by_role("button", name="Memory").click()
-        expect(page.locator("#s-memory legend")).to_be_in_viewport()
-        entry = page.locator("#m-journal .journal-entry")
-        expect(entry).to_have_count(1)
-        expect(entry.locator(".journal-task")).to_have_text("Task: note my preference")
-        expect(entry.locator(".claim-label")).to_have_text("The model's own claim (not checked):")
-        expect(entry.locator(".claim-text")).to_have_text("Done: notes.txt is written and I proposed one note for your notes.")
-        expect(entry.locator(".journal-files")).to_have_text("Files changed: notes.txt")
-        shot(page, "settings-memory-journal-1440.png", tmp_path)
-    finally:
-        ui.close()
+    ui = served(proposing(gate), jail=False)
+    page = pages()
+    open_workspace(page, ui)
+    page.fill("#prompt", "note my preference")
+    page.click("#send")
+    card = page.locator("section.memory-proposal")
+    expect(card).to_have_count(1)
+    # the note is the model's text: shown as text, never markup
+    expect(card.locator(".proposal-note")).to_have_text(ODD)
+    assert card.locator("img").count() == 0
+    expect(page.locator("details.tool").nth(2).locator(".tool-status")).to_have_text("running")
+    expect(page.locator("#stop")).to_be_visible()               # the agent is still working
+    card.get_by_role("button", name="Save to your notes").click()
+    expect(card.locator(".proposal-status")).to_have_text("Saved to your notes by you, here.")
+    expect(card).to_have_class("memory-proposal is-saved")
+    expect(card.get_by_role("button")).to_be_hidden()
+    assert ODD in (home / "memory.md").read_text()
+    sid = page.evaluate("location.hash.slice(1)")
+    assert [e["ids"] for e in ops.transcript(sid) if e["type"] == "memory_accepted"] == [[1]]
+    expect(page.locator("#stop")).to_be_visible()
+    shot(page, "workspace-memory-proposal-1440.png", tmp_path)
+    gate.write_text("go")
+    expect(page.locator(".note.done")).to_be_visible()
+    # after a reload the card says saved, from the transcript's memory_accepted
+    page.reload()
+    expect(card.locator(".proposal-status")).to_have_text("Saved to your notes by you, here.")
+    expect(card.get_by_role("button")).to_be_hidden()
+    expect(page.locator("details.tool")).to_have_count(3)
+    assert page.evaluate("window.__pwned") is None
+    page.click("#open-settings")
+    expect(page.locator("#m-user")).to_have_value(f"- {ODD}\n")
+    page.click("#settings-close")
+    # commit: the journal in Settings -> Memory is OVERLORD's record, the model's words its claim
+    page.click("#commit")
+    expect(page.locator("#decided")).to_contain_text("Committed")
+    page.click("#open-settings")
+    page.get_by_role("navigation", name="Settings sections").get_by_role("button", name="Memory").click()
+    expect(page.locator("#s-memory legend")).to_be_in_viewport()
+    entry = page.locator("#m-journal .journal-entry")
+    expect(entry).to_have_count(1)
+    expect(entry.locator(".journal-task")).to_have_text("Task: note my preference")
+    expect(entry.locator(".claim-label")).to_have_text("The model's own claim (not checked):")
+    expect(entry.locator(".claim-text")).to_have_text("Done: notes.txt is written and I proposed one note for your notes.")
+    expect(entry.locator(".journal-files")).to_have_text("Files changed: notes.txt")
+    shot(page, "settings-memory-journal-1440.png", tmp_path)
 
 
 # -- skills -------------------------------------------------------------------------------------------
@@ -449,99 +457,93 @@ def test_a_bad_skill_add_is_one_clear_error_and_nothing_changes(ui, home, target
     assert r.status == 400 and r.json["field"] == "folder"
 
 
-def test_the_skills_settings_list_show_add_and_remove(home, target, tmp_path, pages):
+def test_the_skills_settings_list_show_add_and_remove(home, target, tmp_path, served, pages):
     make_skill(project_skills(target), "fmt", HOSTILE, when="before a <b>commit</b>")
     make_skill(project_skills(target), "broken", text="no front matter at all\n")
     machine = make_skill(tmp_path / "mine", "deploy-check", "checks a deploy", files={"steps.md": "1. look\n"})
-    ui = serve(home, target, tmp_path)
-    try:
-        ui.ok("POST", "/api/skills", {"path": os.path.join(REPO, "skills", "python-testing")})
-        set_policy(tmp_path, {"default": {"skills": ["deploy-check"]}})
-        page = pages()
-        open_workspace(page, ui)
-        page.click("#open-settings")
-        page.get_by_role("navigation", name="Settings sections").get_by_role("button", name="Skills").click()
-        expect(page.locator("#s-skills legend")).to_be_in_viewport()
-        rows = page.locator("#k-list .skill-row")
-        expect(rows).to_have_count(2)
-        fmt = page.locator('.skill-row[data-skill="fmt"]')
-        expect(fmt.locator(".skill-source")).to_have_text("project")
-        expect(fmt.locator(".skill-desc")).to_have_text(HOSTILE)                # text, not markup
-        expect(fmt.locator(".skill-when")).to_have_text("When: before a <b>commit</b>")
-        assert fmt.locator("img, b").count() == 0
-        expect(fmt.get_by_role("button", name="Remove")).to_have_count(0)       # a file of the folder
-        py = page.locator('.skill-row[data-skill="python-testing"]')
-        expect(py.locator(".skill-source")).to_have_text("machine")
-        expect(py).to_contain_text("not allowed here by policy")
-        expect(page.locator("#k-warnings")).to_contain_text("broken")
-        # show one
-        fmt.get_by_role("button", name="Show").click()
-        expect(page.locator("#k-shown")).to_be_visible()
-        expect(page.locator("#k-shown-text")).to_contain_text(f"description: {HOSTILE}")
-        assert page.locator("#k-shown img").count() == 0
-        # add one from a path on this machine; a bad path is said, nothing added
-        pages.allowed.append("status of 400")
-        page.fill("#k-path", str(tmp_path / "nothing-here"))
-        page.click("#k-add")
-        expect(page.locator("#k-error")).to_contain_text("does not exist")
-        page.fill("#k-path", str(machine))
-        page.click("#k-add")
-        expect(page.locator("#k-status")).to_have_text("Added deploy-check.")
-        expect(rows).to_have_count(3)
-        dc = page.locator('.skill-row[data-skill="deploy-check"]')
-        expect(dc).not_to_contain_text("not allowed")
-        assert (home / "skills" / "deploy-check" / "steps.md").read_text() == "1. look\n"
-        dc.get_by_role("button", name="Show").click()
-        expect(page.locator("#k-shown-files")).to_contain_text("steps.md")
-        shot(page, "settings-skills-1440.png", tmp_path)
-        # remove a machine skill: asked once more, then gone
-        py.get_by_role("button", name="Remove").click()
-        expect(py.locator(".skill-confirm")).to_contain_text("Remove the machine skill python-testing")
-        py.locator(".skill-confirm").get_by_role("button", name="Remove").click()
-        expect(page.locator("#k-status")).to_have_text("Removed python-testing.")
-        expect(rows).to_have_count(2)
-        assert not (home / "skills" / "python-testing").exists()
-        assert page.evaluate("window.__pwned") is None
-    finally:
-        ui.close()
+    ui = served()
+    ui.ok("POST", "/api/skills", {"path": os.path.join(REPO, "skills", "python-testing")})
+    set_policy(tmp_path, {"default": {"skills": ["deploy-check"]}})
+    page = pages()
+    open_workspace(page, ui)
+    page.click("#open-settings")
+    page.get_by_role("navigation", name="Settings sections").get_by_role("button", name="Skills").click()
+    expect(page.locator("#s-skills legend")).to_be_in_viewport()
+    rows = page.locator("#k-list .skill-row")
+    expect(rows).to_have_count(2)
+    fmt = page.locator('.skill-row[data-skill="fmt"]')
+    expect(fmt.locator(".skill-source")).to_have_text("project")
+    expect(fmt.locator(".skill-desc")).to_have_text(HOSTILE)                # text, not markup
+    expect(fmt.locator(".skill-when")).to_have_text("When: before a <b>commit</b>")
+    assert fmt.locator("img, b").count() == 0
+    expect(fmt.get_by_role("button", name="Remove")).to_have_count(0)       # a file of the folder
+    py = page.locator('.skill-row[data-skill="python-testing"]')
+    expect(py.locator(".skill-source")).to_have_text("machine")
+    expect(py).to_contain_text("not allowed here by policy")
+    expect(page.locator("#k-warnings")).to_contain_text("broken")
+    # show one
+    fmt.get_by_role("button", name="Show").click()
+    expect(page.locator("#k-shown")).to_be_visible()
+    expect(page.locator("#k-shown-text")).to_contain_text(f"description: {HOSTILE}")
+    assert page.locator("#k-shown img").count() == 0
+    # add one from a path on this machine; a bad path is said, nothing added
+    pages.allowed.append("status of 400")
+    page.fill("#k-path", str(tmp_path / "nothing-here"))
+    page.click("#k-add")
+    expect(page.locator("#k-error")).to_contain_text("does not exist")
+    page.fill("#k-path", str(machine))
+    page.click("#k-add")
+    expect(page.locator("#k-status")).to_have_text("Added deploy-check.")
+    expect(rows).to_have_count(3)
+    dc = page.locator('.skill-row[data-skill="deploy-check"]')
+    expect(dc).not_to_contain_text("not allowed")
+    assert (home / "skills" / "deploy-check" / "steps.md").read_text() == "1. look\n"
+    dc.get_by_role("button", name="Show").click()
+    expect(page.locator("#k-shown-files")).to_contain_text("steps.md")
+    shot(page, "settings-skills-1440.png", tmp_path)
+    # remove a machine skill: asked once more, then gone
+    py.get_by_role("button", name="Remove").click()
+    expect(py.locator(".skill-confirm")).to_contain_text("Remove the machine skill python-testing")
+    py.locator(".skill-confirm").get_by_role("button", name="Remove").click()
+    expect(page.locator("#k-status")).to_have_text("Removed python-testing.")
+    expect(rows).to_have_count(2)
+    assert not (home / "skills" / "python-testing").exists()
+    assert page.evaluate("window.__pwned") is None
 
 
-def test_a_skill_load_shows_in_the_chat_as_a_small_card(home, target, tmp_path, pages):
+def test_a_skill_load_shows_in_the_chat_as_a_small_card(home, target, tmp_path, served, pages):
     make_skill(project_skills(target), "fmt", HOSTILE, files={"rules.md": "tabs\n"})
     turns = script({"text": "Loading the skills that fit.",
                     "tool_calls": [{"name": "skill", "input": {"name": "python-testing"}},
                                    {"name": "skill", "input": {"name": "fmt"}}]},
                    {"text": "Both loaded."})
-    ui = serve(home, target, tmp_path, turns)
-    try:
-        ui.ok("POST", "/api/skills", {"path": os.path.join(REPO, "skills", "python-testing")})
-        page = pages()
-        open_workspace(page, ui)
-        page.fill("#prompt", "test it")
-        page.click("#send")
-        expect(page.locator(".note.done")).to_be_visible()
-        cards = page.locator(".skill-load")
-        expect(cards).to_have_count(2)
-        expect(cards.nth(0).locator(".skill-load-name")).to_have_text("python-testing")
-        expect(cards.nth(0).locator(".skill-source")).to_have_text("machine skill")
-        expect(cards.nth(1).locator(".skill-load-name")).to_have_text("fmt")
-        expect(cards.nth(1).locator(".skill-source")).to_have_text("project skill")
-        cards.nth(0).locator("summary").click()
-        expect(cards.nth(0).locator(".skill-load-files")).to_contain_text("checklist.md")
-        shot(page, "workspace-skill-load-1440.png", tmp_path)
-        sid = page.evaluate("location.hash.slice(1)")
-        loads = [e for e in ops.transcript(sid) if e["type"] == "skill_load"]
-        assert [(e["name"], e["source"]) for e in loads] == [("python-testing", "machine"), ("fmt", "project")]
-        page.reload()
-        expect(cards).to_have_count(2)
-        assert page.evaluate("window.__pwned") is None
-    finally:
-        ui.close()
+    ui = served(turns)
+    ui.ok("POST", "/api/skills", {"path": os.path.join(REPO, "skills", "python-testing")})
+    page = pages()
+    open_workspace(page, ui)
+    page.fill("#prompt", "test it")
+    page.click("#send")
+    expect(page.locator(".note.done")).to_be_visible()
+    cards = page.locator(".skill-load")
+    expect(cards).to_have_count(2)
+    expect(cards.nth(0).locator(".skill-load-name")).to_have_text("python-testing")
+    expect(cards.nth(0).locator(".skill-source")).to_have_text("machine skill")
+    expect(cards.nth(1).locator(".skill-load-name")).to_have_text("fmt")
+    expect(cards.nth(1).locator(".skill-source")).to_have_text("project skill")
+    cards.nth(0).locator("summary").click()
+    expect(cards.nth(0).locator(".skill-load-files")).to_contain_text("checklist.md")
+    shot(page, "workspace-skill-load-1440.png", tmp_path)
+    sid = page.evaluate("location.hash.slice(1)")
+    loads = [e for e in ops.transcript(sid) if e["type"] == "skill_load"]
+    assert [(e["name"], e["source"]) for e in loads] == [("python-testing", "machine"), ("fmt", "project")]
+    page.reload()
+    expect(cards).to_have_count(2)
+    assert page.evaluate("window.__pwned") is None
 
 
 # -- the inspector: git's own files, one line per repository (ops.git_summary) ------------------------
 
-def test_the_inspector_folds_a_sessions_git_files_into_one_line(home, target, tmp_path, pages):
+def test_the_inspector_folds_a_sessions_git_files_into_one_line(home, target, tmp_path, served, pages):
     require_tool("git")
     env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
                GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
@@ -551,27 +553,24 @@ def test_the_inspector_folds_a_sessions_git_files_into_one_line(home, target, tm
                         {"name": "write_file", "input": {"path": "app.txt", "content": "v2\n"}},
                         {"name": "shell", "input": {"command": "git add -A && git commit -qm 'agent: app' && git log --oneline | head -1"}}]},
                    {"text": "Committed inside the session."})
-    ui = serve(home, target, tmp_path, turns)
-    try:
-        page = pages()
-        open_workspace(page, ui)
-        page.fill("#prompt", "commit it")
-        page.click("#send")
-        expect(page.locator(".note.done")).to_be_visible()
-        sid = page.evaluate("location.hash.slice(1)")
-        summary = ui.ok("GET", f"/api/session/{sid}")["git"]
-        (repo,) = summary["repos"]
-        assert repo["dir"] == ".git" and repo["line"].startswith("git")
-        row = page.locator("#file-list .git-row")
-        expect(row).to_have_count(1)
-        expect(row.locator("summary")).to_have_text(repo["line"])
-        expect(page.locator('#file-list .file-row a[title="app.txt"]')).to_have_count(1)
-        # no .git/ file listed on its own, nor among the diffs
-        assert page.locator('#file-list > .file-row:not(.git-row) [title^=".git"]').count() == 0
-        expect(page.locator("#diffs .file-diff")).to_have_count(1)
-        expect(page.locator("#diffs .file-diff .path")).to_have_text("app.txt")
-        row.locator("summary").click()
-        assert row.locator("li").count() == summary["paths"]
-        shot(page, "workspace-git-summary-1440.png", tmp_path)
-    finally:
-        ui.close()
+    ui = served(turns)
+    page = pages()
+    open_workspace(page, ui)
+    page.fill("#prompt", "commit it")
+    page.click("#send")
+    expect(page.locator(".note.done")).to_be_visible()
+    sid = page.evaluate("location.hash.slice(1)")
+    summary = ui.ok("GET", f"/api/session/{sid}")["git"]
+    (repo,) = summary["repos"]
+    assert repo["dir"] == ".git" and repo["line"].startswith("git")
+    row = page.locator("#file-list .git-row")
+    expect(row).to_have_count(1)
+    expect(row.locator("summary")).to_have_text(repo["line"])
+    expect(page.locator('#file-list .file-row a[title="app.txt"]')).to_have_count(1)
+    # no .git/ file listed on its own, nor among the diffs
+    assert page.locator('#file-list > .file-row:not(.git-row) [title^=".git"]').count() == 0
+    expect(page.locator("#diffs .file-diff")).to_have_count(1)
+    expect(page.locator("#diffs .file-diff .path")).to_have_text("app.txt")
+    row.locator("summary").click()
+    assert row.locator("li").count() == summary["paths"]
+    shot(page, "workspace-git-summary-1440.png", tmp_path)
