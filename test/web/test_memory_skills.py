@@ -34,6 +34,9 @@ if os.environ.get("OVERLORD_TEST_SCRIPT"):
 """
 
 
+RUN = 90_000                # ms a browser test waits for a conversation's run (CI is busy)
+
+
 def script(*turns):
     return {"model": "overlord-test", "turns": [dict(t, usage={"input_tokens": 1, "output_tokens": 1})
                                                 for t in turns]}
@@ -308,7 +311,7 @@ def test_save_on_a_proposal_card_while_the_agent_runs(home, target, tmp_path, se
     page.fill("#prompt", "note my preference")
     page.click("#send")
     card = page.locator("section.memory-proposal")
-    expect(card).to_have_count(1)
+    expect(card).to_have_count(1, timeout=RUN)
     # the note is the model's text: shown as text, never markup
     expect(card.locator(".proposal-note")).to_have_text(ODD)
     assert card.locator("img").count() == 0
@@ -324,7 +327,7 @@ def test_save_on_a_proposal_card_while_the_agent_runs(home, target, tmp_path, se
     expect(page.locator("#stop")).to_be_visible()
     shot(page, "workspace-memory-proposal-1440.png", tmp_path)
     gate.write_text("go")
-    expect(page.locator(".note.done")).to_be_visible()
+    expect(page.locator(".note.done")).to_be_visible(timeout=RUN)
     # after a reload the card says saved, from the transcript's memory_accepted
     page.reload()
     expect(card.locator(".proposal-status")).to_have_text("Saved to your notes by you, here.")
@@ -523,7 +526,7 @@ def test_a_skill_load_shows_in_the_chat_as_a_small_card(home, target, tmp_path, 
     open_workspace(page, ui)
     page.fill("#prompt", "test it")
     page.click("#send")
-    expect(page.locator(".note.done")).to_be_visible()
+    expect(page.locator(".note.done")).to_be_visible(timeout=RUN)
     cards = page.locator(".skill-load")
     expect(cards).to_have_count(2)
     expect(cards.nth(0).locator(".skill-load-name")).to_have_text("python-testing")
@@ -558,7 +561,7 @@ def test_the_inspector_folds_a_sessions_git_files_into_one_line(home, target, tm
     open_workspace(page, ui)
     page.fill("#prompt", "commit it")
     page.click("#send")
-    expect(page.locator(".note.done")).to_be_visible()
+    expect(page.locator(".note.done")).to_be_visible(timeout=RUN)
     sid = page.evaluate("location.hash.slice(1)")
     summary = ui.ok("GET", f"/api/session/{sid}")["git"]
     (repo,) = summary["repos"]
