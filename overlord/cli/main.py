@@ -543,7 +543,9 @@ def cmd_log(args):
     if args.json:
         from overlord.ops.shapes import record_json
         data = {"sid": args.sid, "syscalls": count, "changes": [record_json(r) for r in kept],
-                "dropped": [record_json(r) for r in dropped], "git": git}
+                "dropped": [record_json(r) for r in dropped]}
+        if git is not None:
+            data["git"] = git                         # docs/GIT.md
         for row, r in zip(data["changes"] + data["dropped"], kept + dropped):
             if r.path_class:
                 row["class"] = r.path_class
