@@ -13,8 +13,8 @@ is mounted over the target, and ends with pivot_root into a fresh tmpfs root tha
   <target>                           the overlay, read-write, at its real path
   <the target's external git dirs>   a linked worktree's or submodule's git directory
                                      outside the target, read-only (txn/gitdir.py)
-  /tmp/.gitconfig                    for a git target: the operator's user.name/email and
-                                     safe.directory (gitdir.jail_config)
+  /tmp/.gitconfig                    the operator's git user.name/email and safe.directory
+                                     for the target (gitdir.jail_config)
 
 Nothing else exists: not $HOME, /root, /mnt, /media, /srv, /run, the host's /tmp (so no
 host unix socket), nor OVERLORD_HOME with its records and layers.
@@ -75,10 +75,10 @@ def plan(target, net="host", tty=None):
 
 
 def _git_ops(target):
-    """For a git work tree: the git directories it keeps outside itself (a linked worktree's
-    git dir and common dir, a submodule's git dir), read-only at their real paths, so git
-    status/log/diff work and a write fails (EROFS) -- never the host's git dir written from
-    the session; and the jail's global git config ($HOME=/tmp), see gitdir.jail_config."""
+    """The git directories a target keeps outside itself (a linked worktree's git dir and
+    common dir, a submodule's git dir), read-only at their real paths, so git status/log/diff
+    work and a write fails (EROFS) -- never the host's git dir written from the session; and
+    the jail's global git config ($HOME=/tmp), see gitdir.jail_config."""
     out = []
     for d in gitdir.binds(target):
         if any(_inside(d, s) for s in SYSTEM_DIRS):
@@ -86,9 +86,7 @@ def _git_ops(target):
         if d == "/" or any(_inside(d, r) for r in RESERVED):
             raise OverlordError(f"cannot jail a target whose git directory is {d}")
         out.append(Op("ro-bind", d, d))
-    text = gitdir.jail_config(target)
-    if text is not None:
-        out.append(Op("file", "/tmp/.gitconfig", text))
+    out.append(Op("file", "/tmp/.gitconfig", gitdir.jail_config(target)))
     return out
 
 

@@ -363,7 +363,7 @@ def _classify(repo, rest, kind, sides, path):
     if CONFIG.match(rest):
         repo["config"].append({"path": rest, "kind": kind})
         return
-    if HOOK.match(rest):
+    if HOOK.match(rest) and not rest.endswith(".sample"):       # git never runs a *.sample
         repo["hooks"].append({"path": rest, "kind": kind})
         return
     if kind in ("added", "modified", "deleted") and not _is_dir(sides, path, kind):
@@ -858,13 +858,11 @@ def _quote(value):
 
 
 def jail_config(target):
-    """The text of the jail's global git config ($HOME is the jail's /tmp), for a target that
-    is a git work tree; None otherwise. It holds only the operator's user.name/user.email
-    (lowest precedence: a repository that sets its own keeps it) and safe.directory for the
-    target (inside the jail, git's ownership check guards nothing the jail does not: any
-    hook or config the repository brings runs jailed)."""
-    if not os.path.lexists(os.path.join(target, GIT)):
-        return None
+    """The text of the jail's global git config ($HOME is the jail's /tmp). It holds only the
+    operator's user.name/user.email (global level: a repository that sets its own keeps it;
+    for every jailed session, since a command may `git init` or clone and commit there) and
+    safe.directory for the target (inside the jail, git's ownership check guards nothing the
+    jail does not: any hook or config the repository brings runs jailed)."""
     name, email = identity()
     text = ""
     if name or email:

@@ -154,3 +154,27 @@ def test_hard_links_and_read_only_objects_survive_the_replay(gm, tmp_path):
     assert " 444\n" in seen, seen                       # read-only objects and packs among them
     assert subprocess.run(["sh", "-c", MODES], cwd=repo, capture_output=True,
                           text=True).stdout == seen       # as the session left them
+
+
+def test_a_repository_made_in_the_session(gm, tmp_path):
+    """`git init` where there was none: a new repository, its hooks by name (the samples
+    git never runs are counted with the rest), committed whole."""
+    g, flags = gm
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "a").write_text("a\n")
+    policy(g.ovl.home, git_exec="warn")                  # the hook needs no countersignature here
+    sid, proc = g.run(str(target), "git init -q -b main && git add a && git commit -q -m first && "
+                                   "printf '#!/bin/sh\\n' > .git/hooks/post-commit && "
+                                   "chmod +x .git/hooks/post-commit", flags)
+    assert proc.returncode == 0, (proc.out, proc.err)
+    line, = git_lines(g("diff", sid).out)
+    assert line.startswith("git: new repository, 3 objects, new branch main at "), line
+    assert "config added, hook post-commit added, " in line and ".sample" not in line, line
+    patch = g("diff", "--patch", sid).out
+    assert "+++ b/.git/hooks/post-commit" in patch and "+++ b/.git/config" in patch, patch
+    assert "objects/" not in patch, patch                  # the storage is summarized, not shown
+    proc = g("commit", sid)
+    assert proc.returncode == 0, (proc.out, proc.err)
+    g.fsck(str(target))
+    assert g.git(str(target), "log", "--format=%s") == "first"
