@@ -181,6 +181,9 @@ class Live:
         elif kind in ("connectors", "approval", "connector_error"):
             self._end_line()
             self.out.write(_connector_line(ev) + "\n")
+        elif kind in MEMORY_SKILL_EVENTS:
+            self._end_line()
+            self.out.write(f"  {_memory_skill_line(ev)}\n")
         self.out.flush()
 
 
@@ -264,8 +267,26 @@ class TerminalApprover:
         os.close(self.fd)
 
 
+MEMORY_SKILL_EVENTS = ("memory_proposal", "memory_accepted", "skill_load")
+
+
+def _memory_skill_line(ev):
+    kind = ev["type"]
+    if kind == "memory_proposal":
+        return (f"proposed a note for your notes (id {ev.get('id')}; keep it with `overlord memory "
+                f"accept SID {ev.get('id')}`): {R.escape_text(str(ev.get('note'))[:200])}")
+    if kind == "memory_accepted":
+        ids = ", ".join(str(i) for i in ev.get("ids") or [])
+        return f"notes accepted into your notes: {ids} (by {R.escape_text(str(ev.get('by')))})"
+    files = len(ev.get("files") or [])
+    return (f"loaded the {R.escape_text(str(ev.get('source')))} skill "
+            f"{R.escape_path(str(ev.get('name')))} ({files} file{'' if files == 1 else 's'})")
+
+
 def _result_line(ev):
     res = ev["result"]
+    if ev.get("denial"):
+        return R.escape_text(str(ev["denial"].get("line"))[:200])
     if res.get("is_error"):
         first = (res.get("content") or "").strip().splitlines() or ["error"]
         return "error: " + R.escape_text(first[0][:200])
@@ -392,6 +413,8 @@ def _transcript_line(ev):
     if kind == "approval_requested":
         return (f"{at}  asked the operator to approve {R.escape_path(str(ev.get('server')))}:"
                 f"{R.escape_path(str(ev.get('tool')))} (fingerprint {ev.get('fingerprint')})")
+    if kind in MEMORY_SKILL_EVENTS:
+        return f"{at}  {_memory_skill_line(ev)}"
     if kind in ("connectors", "approval", "connector_error"):
         return at + _connector_line(ev).lstrip()
     if kind == "done":
