@@ -15,8 +15,7 @@ from overlord.text import jsonable
 
 def add_parsers(sub):
     """Register this module's subcommands on the main parser's subparsers."""
-    p = sub.add_parser("memory", help="what the agent knows before message one: project notes, "
-                       "your notes, the journal; accept its proposals",
+    p = sub.add_parser("memory", help="what the agent is told before message one; accept its notes",
                        description="Three sources go into an agent's system prompt, each capped "
                        "(newest kept, the cut said): OVERLORD.md at the folder's root (the agent "
                        "extends it inside the session with `remember`), your notes "
@@ -47,7 +46,7 @@ def add_parsers(sub):
     q = ps.add_parser("proposals", help="the notes an agent proposed in a session",
                       description="Each `remember {scope: user}` of the session: its id, whether "
                       "it was accepted (and by whom), the note.")
-    q.add_argument("sid", metavar="SID", help="the session (or `last`)")
+    q.add_argument("sid", metavar="SID", help=R.SID_HELP)
     q.add_argument("--json", action="store_true", help="machine-readable output")
     a = ps.add_parser("accept", help="append an agent's proposed notes to your notes",
                       description="Append the session's proposals N... (or --all) to "
@@ -55,7 +54,7 @@ def add_parsers(sub):
                       "(memory_accepted) and on the audit chain (memory.accept). A proposal "
                       "already accepted is said and skipped; an id the session never proposed "
                       "changes nothing.")
-    a.add_argument("sid", metavar="SID", help="the session (or `last`)")
+    a.add_argument("sid", metavar="SID", help=R.SID_HELP)
     a.add_argument("ids", nargs="*", metavar="N", help="proposal ids")
     a.add_argument("--all", action="store_true", help="every proposal of the session")
     a.add_argument("--json", action="store_true", help="machine-readable output")

@@ -32,7 +32,6 @@ let git write them outside the transaction, so refuse_unjailed() refuses to open
 import os
 import re
 import stat
-import subprocess
 
 from overlord.errors import OverlordError, UsageError
 from overlord.text import escape_path, escape_text
@@ -835,11 +834,42 @@ def identity():
     key = tuple(key)
     if key not in _identity:
         _identity.clear()
-        _identity[key] = _ask_git()
+        _identity[key] = _read_simple([f for f, *_ in reversed(key)]) or _ask_git()
     return _identity[key]
 
 
+_PLAIN = re.compile(r"[^\\#;]*")
+
+
+def _read_simple(files):
+    """(name, email) read from config files (later ones win, as git reads the XDG file
+    before ~/.gitconfig) this module's small reader reads exactly -- no
+    include, no escape, no inline comment, `[section]` lines alone -- without starting git
+    (two processes for every jailed command); None when a file is not that simple."""
+    name = email = None
+    for f in files:
+        try:
+            with open(f, "rb") as fh:
+                data = fh.read(1 << 16)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        for raw in data.decode("utf-8", "replace").splitlines():
+            text = raw.strip()
+            if not text or text[0] in "#;":
+                continue
+            if text.startswith("[") and not (text.endswith("]") and _PLAIN.fullmatch(text)):
+                return None
+            if "include" in text.lower() or not _PLAIN.fullmatch(text):
+                return None
+        name = _config_value(data, "user", "name") or name
+        email = _config_value(data, "user", "email") or email
+    return name, email
+
+
 def _ask_git():
+    import subprocess               # only for a git target: `exec` of any other stays light
     out = {}
     for name in ("name", "email"):
         try:
@@ -861,8 +891,8 @@ def jail_config(target):
     """The text of the jail's global git config ($HOME is the jail's /tmp). It holds only the
     operator's user.name/user.email (global level: a repository that sets its own keeps it;
     for every jailed session, since a command may `git init` or clone and commit there) and
-    safe.directory for the target (inside the jail, git's ownership check guards nothing the
-    jail does not: any hook or config the repository brings runs jailed)."""
+    safe.directory for the target (inside the jail, git's ownership check guards
+    nothing the jail does not: any hook or config the repository brings runs jailed)."""
     name, email = identity()
     text = ""
     if name or email:
