@@ -65,9 +65,16 @@ def test_readme_commands_run_verbatim(tmp_path):
     assert (repo / "demo" / "hello.txt").read_text() == "hello\nworld\n"
     assert (repo / "demo" / "new.txt").read_text() == "new\n"
     committed = re.findall(r"^committed (\d{8}-\d{6}-[0-9a-f]{6}): (.*)$", out, re.M)
-    assert len(committed) == 2, out
-    (first_sid, first_summary), (agent_sid, _) = committed
+    assert len(committed) == 4, out          # the install line, the agent demo, memory, git
+    (first_sid, first_summary), (agent_sid, _) = committed[:2]
     assert first_summary.startswith("2 changes"), out
+    # memory: the project note committed, your note accepted, the journal line
+    assert "docs live in docs/" in (repo / "memory-demo" / "OVERLORD.md").read_text()
+    assert "prefers British spelling" in (home / "memory.md").read_text()
+    assert re.search(r"record what you learned", out) and "OVERLORD.md" in out
+    # git: the session's commit and branch landed, and fsck passed (set -e)
+    assert re.search(r"^git: .*new branch feature", out, re.M), out[-3000:]
+    assert re.search(r"^[0-9a-f]{7,} second$", out, re.M), out[-3000:]
     # the scripted demo: agent -> diff -> savepoints -> transcript -> commit --drop -> blame
     assert re.search(r"^added\s+Makefile$", out, re.M) and re.search(r"^modified\s+greet\.py$", out, re.M)
     assert (repo / "app" / "greet.py").read_text() == 'def greet():\n    return "hello"\n'
