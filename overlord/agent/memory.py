@@ -190,8 +190,8 @@ def journal_commit(session):
     the session's meta, its transcript and what the commit recorded it wrote -- never from a
     file the model wrote. The commit already stands: a failure here costs the line, not it."""
     meta = session.meta
-    if not meta.get("agent") or meta.get("state") != "committed":
-        return None
+    if not meta.get("agent") or meta.get("state") != "committed" or meta.get("journaled"):
+        return None             # (journaled: a crash recovery after the line was written)
     try:
         paths = committed_paths(session)
         entry = {"sid": session.sid, "at": meta.get("committed") or time.time(),
@@ -199,6 +199,8 @@ def journal_commit(session):
                  "files": paths[:FILES_CAP], "changes": len(paths)}
         os.makedirs(journal_dir(), mode=0o700, exist_ok=True)
         store.append_jsonl(journal_path(session.target), [entry])
+        meta["journaled"] = True
+        session.save()
         return entry
     except (OSError, ValueError):
         return None

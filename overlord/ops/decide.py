@@ -186,6 +186,7 @@ def recover():
                                      recovered=True)
                     replay.settle(data)
                     _drop_working_files(session)
+                    memory.journal_commit(session)     # unless the commit wrote it before the crash
                 else:
                     replay.undo(data)
                     _note_restored(Session.load(data["sid"]), data)

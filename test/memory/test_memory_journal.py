@@ -75,3 +75,36 @@ def test_model_text_is_capped_flattened_and_escaped(kmem, target, tmp_path):
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b[31mred" in out and "\\x1b]0;title\\x07" in out
 
+
+
+def test_a_commit_a_crash_cut_short_gets_its_line_from_recovery_once(kmem, home, target, tmp_path, monkeypatch):
+    """Killed after the journal of the replay was marked done, before the session record
+    said committed: the next command's recovery settles the commit and writes the line; a
+    second recovery, or a commit that wrote it already, adds none."""
+    import os
+    from overlord import ops
+    from overlord.txn import replay
+    sid = _agent(kmem, target, tmp_path)
+    monkeypatch.setenv("OVERLORD_HOME", str(home))
+    monkeypatch.setenv("OVERLORD_TEST_BACKEND", "kernel")
+    pid = os.fork()
+    if pid == 0:
+        real_finish = replay.Journal.finish
+
+        def dying_finish(self):
+            real_finish(self)
+            os._exit(9)
+        replay.Journal.finish = dying_finish
+        try:
+            ops.commit(sid)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 9
+    assert not os.path.exists(M.journal_path(str(target)))   # (any CLI command would recover)
+    ops.recover()
+    assert ops.get_session(sid).meta["state"] == "committed"
+    assert [e["sid"] for e in _journal(kmem, target)] == [sid]
+    ops.recover()
+    M.journal_commit(ops.get_session(sid))
+    assert [e["sid"] for e in _journal(kmem, target)] == [sid]
