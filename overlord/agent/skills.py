@@ -202,15 +202,24 @@ def open_path(base, parts, shown):
     """A directory fd for base/parts[0]/..., every component refused if a symlink (base is
     trusted: a real path we resolved). None when a component does not exist."""
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return open_path_fd(fd, parts, shown)
+    finally:
+        os.close(fd)
+
+
+def open_path_fd(fd, parts, shown):
+    """open_path below an already open directory fd (which stays open)."""
+    cur = os.dup(fd)
     for i, part in enumerate(parts):
         try:
-            nxt = open_dir(fd, part, shown(parts[:i + 1]))
+            nxt = open_dir(cur, part, shown(parts[:i + 1]))
         finally:
-            os.close(fd)
+            os.close(cur)
         if nxt is None:
             return None
-        fd = nxt
-    return fd
+        cur = nxt
+    return cur
 
 
 def listing(dir_fd, prefix="", depth=0, out=None):
@@ -261,10 +270,6 @@ class Skill:
 
 def machine_root():
     return os.path.join(store.home(), MACHINE_DIR)
-
-
-def project_root(target):
-    return os.path.join(target, *PROJECT_DIR)
 
 
 def read_skill(folder_fd, name, source, path):
@@ -563,20 +568,6 @@ def _machine_load(session, offered, name, rel):
     text = _skill_text(name, "machine", data, skill.files, None, len(skill.files) >= LIST_MAX)
     return _ok(text), {"source": "machine", "sha256": skill.sha256,
                        "files": [f["path"] for f in skill.files]}
-
-
-def open_path_fd(fd, parts, shown):
-    """open_path below an already open directory fd (which stays open)."""
-    cur = os.dup(fd)
-    for i, part in enumerate(parts):
-        try:
-            nxt = open_dir(cur, part, shown(parts[:i + 1]))
-        finally:
-            os.close(cur)
-        if nxt is None:
-            return None
-        cur = nxt
-    return cur
 
 
 def _allowed_text(allowed):
