@@ -32,6 +32,7 @@ import re
 from overlord.linux import seccomp
 from overlord.sandbox import jail as jail_mod
 from overlord.sandbox import limits as limits_mod
+from overlord.txn import store
 
 CAUSES = ("seccomp", "readonly", "outside", "network", "limit", "disk")
 MiB = limits_mod.MiB
@@ -184,12 +185,7 @@ def paths_in(line):
         text = m.group(1).rstrip(".")
         if text:
             out.append(text)
-    seen, uniq = set(), []
-    for p in out:
-        if p not in seen:
-            seen.add(p)
-            uniq.append(p)
-    return uniq
+    return list(dict.fromkeys(out))
 
 
 PROGRAM = r"^(?:\S*/)?"
@@ -508,15 +504,7 @@ class Explainer:
                 self.trace_at = end
         except OSError:
             return []
-        out = []
-        for raw in data.splitlines():
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+        return store.parse_jsonl(data)
 
 
 def _counter(path, field):

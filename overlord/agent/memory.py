@@ -152,15 +152,7 @@ def journal_entries(target):
             data = f.read()
     except OSError:          # none yet (or unreadable: then there is nothing it can tell)
         return [], None
-    out = []
-    for line in data.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            out.append(entry)
-    return out, hashlib.sha256(data).hexdigest()
+    return store.parse_jsonl(data), hashlib.sha256(data).hexdigest()
 
 
 def journal_line(entry):
@@ -406,11 +398,16 @@ def _propose(session, record, note, cause):
 def next_proposal_id(session_dir):
     """1 + the highest proposal id the session ever had, counting proposals a rewind cut (they
     live on in its archives), so an id never names two notes."""
-    names = [transcript.path(session_dir)] + sorted(
-        glob.glob(os.path.join(glob.escape(session_dir), "transcript-rewound-*.jsonl")))
     top = 0
-    for name in names:
-        for event in store.read_jsonl(name):
-            if event.get("type") == "memory_proposal" and isinstance(event.get("id"), int):
-                top = max(top, event["id"])
+    for event in store.read_jsonl(transcript.path(session_dir)) + rewound_events(session_dir):
+        if event.get("type") == "memory_proposal" and isinstance(event.get("id"), int):
+            top = max(top, event["id"])
     return top + 1
+
+
+def rewound_events(session_dir):
+    """The events rewinds cut from the session's transcript (its archives beside it)."""
+    out = []
+    for name in sorted(glob.glob(os.path.join(glob.escape(session_dir), "transcript-rewound-*.jsonl"))):
+        out.extend(store.read_jsonl(name))
+    return out

@@ -18,7 +18,6 @@ OS user itself. Audit details carry digests and sizes, never a note's text.
 """
 import contextlib
 import fcntl
-import glob
 import hashlib
 import os
 import time
@@ -44,7 +43,7 @@ def memory_show(target=None):
 
 def memory_user():
     path = M.user_path()
-    got = M.read_notes(path, 1 << 30, label="OVERLORD_HOME/memory.md")
+    got = _read_user()
     if got.warning:
         raise UsageError(got.warning)
     return {"path": path, "text": got.data.decode("utf-8", "replace"), "bytes": got.size,
@@ -94,8 +93,12 @@ def _encode(text):
     return text.encode("utf-8", "surrogateescape")
 
 
+def _read_user():
+    return M.read_notes(M.user_path(), 1 << 30, label="OVERLORD_HOME/memory.md")
+
+
 def _current():
-    got = M.read_notes(M.user_path(), 1 << 30, label="OVERLORD_HOME/memory.md")
+    got = _read_user()
     if got.warning:
         raise UsageError(f"{got.warning}; fix it by hand first")
     return got.data
@@ -116,7 +119,7 @@ def _write(data):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)
-        _write_all(fd, data)
+        store.write_all(fd, data)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -125,12 +128,6 @@ def _write(data):
     os.close(fd)
     os.rename(tmp, path)
     store.fsync_dir(os.path.dirname(path))
-
-
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 @contextlib.contextmanager
@@ -166,15 +163,6 @@ def _events(sid):
     return session, T.read(session.dir)
 
 
-def _archived(session):
-    """Events a rewind cut from the transcript (its archives): an acceptance recorded before
-    the cut still counts."""
-    out = []
-    for name in sorted(glob.glob(os.path.join(glob.escape(session.dir), "transcript-rewound-*.jsonl"))):
-        out.extend(store.read_jsonl(name))
-    return out
-
-
 def _proposals(session, events):
     found = {}
     for e in events:
@@ -182,7 +170,7 @@ def _proposals(session, events):
             found[e["id"]] = {"id": e["id"], "note": e.get("note") or "", "turn": e.get("turn"),
                               "call": e.get("call"), "at": e.get("at"), "sha256": e.get("sha256"),
                               "accepted": False, "by": None, "accepted_at": None}
-    for e in events + _archived(session):
+    for e in events + M.rewound_events(session.dir):   # an acceptance before a rewind counts
         if e.get("type") != "memory_accepted":
             continue
         digests = e.get("notes") or {}

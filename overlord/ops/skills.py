@@ -68,12 +68,6 @@ def skill_show(name, target=None):
     return dict(entry, text=skill.text)
 
 
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def _name(name):
     why = S.check_name(name)
     if why:
@@ -171,7 +165,7 @@ def skill_add(path, by=None):
                 fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                              os.O_CLOEXEC, 0o644)
                 try:
-                    _write_all(fd, content)
+                    store.write_all(fd, content)
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -223,7 +217,7 @@ def skill_new(name, target=None, description=None):
         out = os.open(S.SKILL_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                       os.O_CLOEXEC, 0o644, dir_fd=fd)
         try:
-            _write_all(out, text)
+            store.write_all(out, text)
         finally:
             os.close(out)
     finally:

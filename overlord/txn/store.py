@@ -119,6 +119,26 @@ def append_jsonl(path, records):
         os.close(fd)
 
 
+def write_all(fd, data):
+    """os.write until every byte of data is written."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def parse_jsonl(data):
+    """The JSON objects of data's lines (bytes); a damaged line, or one not an object, skipped."""
+    out = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 def read_jsonl(path):
     try:
         with open(path, encoding="utf-8") as f:
