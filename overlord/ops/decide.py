@@ -72,7 +72,7 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
         recorded = session.recorded(chosen, records)
         plan = C.plan(view, session.target, session.dialect, recorded)
         history.require_class(plan, chosen)
-        git = _git_summary(session, plan)
+        git = gitdir.summarize(session.target, plan, session.left_out())   # kept for `log`
         privileged = K.privileged(plan)
         if privileged and not allow_privileged:
             K.refuse_privileged(privileged)
@@ -114,12 +114,6 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
             raise
     _drop_working_files(session)
     return CommitResult(sid, plan, sorted(merged)), cleared
-
-
-def _git_summary(session, plan):
-    """What the commit does to the target's git repositories (gitdir.summarize), kept on the
-    record for `log` once the layers are gone; None when it touches none."""
-    return gitdir.summarize(session.target, plan, session.left_out())
 
 
 def _may_move(session):

@@ -196,17 +196,12 @@ def skill_new(name, target=None, description=None):
     try:
         for i, part in enumerate(parts):
             shown = escape_path(os.path.join(real, *parts[:i + 1]))
-            if i == len(parts) - 1:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                if i == len(parts) - 1:
                     raise OverlordError(f"{shown} already exists: a skill named {name!r} is "
                                         "there (edit its SKILL.md)") from None
-            else:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
             try:
                 nxt = S.open_dir(fd, part, shown)
             except S.Unsafe as exc:

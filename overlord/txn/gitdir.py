@@ -139,24 +139,36 @@ def filter_layer(entries, keep=(), gone=()):
 
 # -- reading refs --------------------------------------------------------------------------------
 
-def _read_at(target, path, cap):
-    """The bytes of a regular file under target (no symlink followed anywhere), or None."""
-    fd = None
+def _walk(target, names):
+    """An O_PATH fd of the directory target/names[0]/..., no symlink followed below target;
+    OSError when there is none."""
+    fd = os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        parts = path.split("/")
-        for name in parts[:-1]:
+        for name in names:
             nxt = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                           dir_fd=fd)
             os.close(fd)
             fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_at(target, path, cap):
+    """The bytes of a regular file under target (no symlink followed anywhere), or None."""
+    parts = path.split("/")
+    try:
+        fd = _walk(target, parts[:-1])
+    except OSError:
+        return None
+    try:
         leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                        dir_fd=fd)
     except OSError:
         return None
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
     return _read_fd(leaf, cap)
 
 
@@ -259,15 +271,10 @@ class Sides:
     def listing(self, path):
         """Names in a real directory (what replay removes with it)."""
         try:
-            fd = os.open(self.target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = _walk(self.target, path.split("/"))
         except OSError:
             return []
         try:
-            for name in path.split("/"):
-                nxt = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=fd)
-                os.close(fd)
-                fd = nxt
             rfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
             try:
                 return sorted(os.listdir(rfd))
@@ -340,11 +347,10 @@ def _classify(repo, rest, kind, sides, path):
         return
     if FANOUT.match(rest):
         if kind in ("deleted", "replaced-dir"):
-            names = sides.listing(path) if sides is not None else []
-            repo["objects"]["removed"] += len(names) if sides is not None else 0
-            if sides is None:
-                repo["objects"].setdefault("removed_dirs", 0)
-                repo["objects"]["removed_dirs"] += 1
+            if sides is not None:
+                repo["objects"]["removed"] += len(sides.listing(path))
+            else:                                     # names only: the directories are counted
+                repo["objects"]["removed_dirs"] = repo["objects"].get("removed_dirs", 0) + 1
         return
     if PACK.match(rest):
         if kind in ("added", "deleted"):
@@ -398,7 +404,7 @@ def _refs(repo, sides, rows):
     for path in paths:
         rest = inner(path)
         if rest.startswith("refs/"):
-            ch = sides.by_path.get(path) if sides is not None else None
+            ch = sides.by_path.get(path)
             if ch is not None and ch.kind in ("deleted", "replaced-dir") and ch.real is not None \
                     and stat.S_ISDIR(ch.real.st_mode):
                 names.update(_loose_under(sides, path, rest))
@@ -527,8 +533,7 @@ def line(repo):
     for item in repo["config"]:
         parts.append(f"{item['path']} {_verb(item['kind'])}")
     for item in repo["hooks"]:
-        parts.append(f"hook {item['path'].rpartition('hooks/')[2]} {_verb(item['kind'])}"
-                     if item["path"].startswith("hooks/") else f"hook {item['path']} {_verb(item['kind'])}")
+        parts.append(f"hook {item['path'].removeprefix('hooks/')} {_verb(item['kind'])}")
     if repo["other"]:
         parts.append(_count(repo["other"], "other file"))
     for path in repo.get("left_out", ()):
@@ -540,11 +545,6 @@ def line(repo):
 
 def _verb(kind):
     return {"modified": "changed", "deleted": "removed", "replaced-dir": "replaced"}.get(kind, kind)
-
-
-def lines(summary):
-    """The summary's lines, escaped for a terminal."""
-    return [escape_text(r["line"]) for r in (summary or {}).get("repos", ())]
 
 
 # -- ref drift -----------------------------------------------------------------------------------
@@ -586,15 +586,22 @@ def _base_copy(session, fp, cap):
     return data
 
 
+def _kept_packed(session, fp):
+    """{ref: oid} of a packed-refs file as the session first saw it; None when not known."""
+    if fp == "unknown":
+        return None
+    try:
+        return packed(_base_copy(session, fp, PACKED_CAP))
+    except LookupError:
+        return None
+
+
 def _ref_reason(session, target, path, base):
     repo, rest = repo_of(path), inner(path)
     fp = base.get(path, "unknown")
     if rest == "packed-refs":
         now = packed(_read_at(target, path, PACKED_CAP))
-        try:
-            was = packed(_base_copy(session, fp, PACKED_CAP)) if fp != "unknown" else None
-        except LookupError:
-            was = None
+        was = _kept_packed(session, fp)
         if was is None:
             return "packed-refs changed outside the session"
         moved = sorted(n for n in set(was) | set(now) if was.get(n) != now.get(n))
@@ -655,11 +662,7 @@ def _created_outside(session, view, base):
         if inner(path) != "packed-refs" or entry.kind != "file":
             continue
         repo = repo_of(path)
-        try:
-            was = packed(_base_copy(session, base.get(path, "unknown"), PACKED_CAP)) \
-                if base.get(path, "unknown") != "unknown" else None
-        except LookupError:
-            was = None
+        was = _kept_packed(session, base.get(path, "unknown"))
         if was is None:
             was = packed(_read_at(session.target, path, PACKED_CAP))
         mine = packed(_read_file(entry.src, PACKED_CAP))
@@ -694,21 +697,18 @@ def inspect(target):
     except OSError:
         return None
     if stat.S_ISDIR(st.st_mode):
-        return {"kind": "repository", "external": [], "bind": [], "problem": None}
+        return _nothing_outside("repository")
     if not stat.S_ISREG(st.st_mode):
-        return {"kind": "gitfile", "external": [], "bind": [],
-                "problem": f"{GIT} is neither a directory nor a file"}
+        return _nothing_outside("gitfile", f"{GIT} is neither a directory nor a file")
     data = _read_file(dotgit, REF_CAP)
     text = (data or b"").decode("utf-8", "surrogateescape").strip()
     if not text.startswith("gitdir:"):
-        return {"kind": "gitfile", "external": [], "bind": [],
-                "problem": f"{GIT} is a file without a `gitdir:` line"}
+        return _nothing_outside("gitfile", f"{GIT} is a file without a `gitdir:` line")
     gitdir = os.path.realpath(os.path.join(target, text[7:].strip()))
     if not os.path.isdir(gitdir):
-        return {"kind": "gitfile", "external": [], "bind": [],
-                "problem": f"{GIT} points to {gitdir}, which is not a directory"}
+        return _nothing_outside("gitfile", f"{GIT} points to {gitdir}, which is not a directory")
     if _inside(gitdir, target):
-        return {"kind": "gitfile", "external": [], "bind": [], "problem": None}
+        return _nothing_outside("gitfile")
     external = [{"path": gitdir, "role": "git dir"}]
     common = _read_file(os.path.join(gitdir, "commondir"), REF_CAP)
     kind, problem = "submodule", None
@@ -729,6 +729,10 @@ def inspect(target):
             if not any(_inside(ext["path"], b) for b in bind):
                 bind.append(ext["path"])
     return {"kind": kind, "external": external, "bind": bind, "problem": problem}
+
+
+def _nothing_outside(kind, problem=None):
+    return {"kind": kind, "external": [], "bind": [], "problem": problem}
 
 
 def _verify_worktree(target, gitdir, common):
@@ -818,8 +822,9 @@ _identity = {}
 
 
 def identity():
-    """(user.name, user.email) of the operator's global git config (either may be None).
-    Asked of git itself (includes and XDG paths honoured), once per state of those files."""
+    """(user.name, user.email) of the operator's global git config (either may be None), once
+    per state of those files: read directly when they are plain (_read_simple), else asked of
+    git itself (includes and XDG paths honoured)."""
     home = os.path.expanduser("~")
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     files = [os.environ.get("GIT_CONFIG_GLOBAL") or os.path.join(home, ".gitconfig"),

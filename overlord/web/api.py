@@ -650,5 +650,4 @@ def skill_add(app, req):
 
 def skill_remove(app, req, name):
     """Remove a machine skill (a project skill is a file of its folder: not removed here)."""
-    removed = ops.skill_remove(name, by="workspace")
-    return {"removed": name if removed is None else removed}
+    return {"removed": ops.skill_remove(name, by="workspace")}
