@@ -81,10 +81,6 @@ mkdir -p -- "$(dirname -- "$p")" && exec cat > "$p"
 sum=$(sha256sum < "$p") && [ "${sum%% *}" = "$3" ] || { echo "$2 changed while being edited" >&2; exit 5; }
 exec cat > "$p"
 ''',
-    "append": RESOLVE + r'''[ -d "$p" ] && { echo "$2 is a directory" >&2; exit 4; }
-[ -e "$p" ] && [ ! -f "$p" ] && { echo "$2 is not a regular file" >&2; exit 4; }
-mkdir -p -- "$(dirname -- "$p")" && exec cat >> "$p"
-''',
     "search": RESOLVE + r'''[ -e "$p" ] || { echo "no such path: $2" >&2; exit 4; }
 exec grep -rnIE --exclude-dir=.git -f - -- "$2"
 ''',

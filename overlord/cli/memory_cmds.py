@@ -65,16 +65,6 @@ def cmd_memory(args):
             "accept": _accept}[args.memory_command](args)
 
 
-def by():
-    """Who acts, for the record: cli:<the OS user>."""
-    import pwd
-    try:
-        name = pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        name = str(os.getuid())
-    return f"cli:{name}"
-
-
 def _show(args):
     told = ops.memory_show(args.target)
     if args.json:
@@ -103,10 +93,10 @@ def _show(args):
 
 def _user(args):
     if args.add is not None:
-        view = ops.memory_user_add(args.add, by=by())
+        view = ops.memory_user_add(args.add, by=R.cli_actor())
         said = "added a note to"
     elif args.set_from is not None:
-        view = ops.memory_user_set(_read_from(args.set_from), by=by())
+        view = ops.memory_user_set(_read_from(args.set_from), by=R.cli_actor())
         said = "replaced"
     elif args.edit:
         view, said = _edit()
@@ -162,7 +152,7 @@ def _edit():
         os.unlink(path)
     if text == before["text"]:
         return before, "unchanged"
-    return ops.memory_user_set(text, by=by()), "saved"
+    return ops.memory_user_set(text, by=R.cli_actor()), "saved"
 
 
 def _journal(args):
@@ -208,7 +198,7 @@ def _proposals(args):
 
 
 def _accept(args):
-    rows = ops.memory_accept(args.sid, ids=args.ids, all=args.all, by=by())
+    rows = ops.memory_accept(args.sid, ids=args.ids, all=args.all, by=R.cli_actor())
     if args.json:
         R.dump_json(jsonable(rows))
         return 0

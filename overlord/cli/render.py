@@ -126,6 +126,16 @@ def own_line_prefix(stream):
     return TERMINAL_RESET + " " * columns + "\r\x1b[K"
 
 
+def cli_actor():
+    """Who acts, for the record, when a person acts at the CLI: cli:<the OS user>."""
+    import pwd
+    try:
+        name = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        name = str(os.getuid())
+    return f"cli:{name}"
+
+
 def when(ts):
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 

@@ -1,5 +1,4 @@
 """`overlord skills list|show|add|new|rm`: parse, call overlord.ops, render."""
-import os
 
 from overlord import ops
 from overlord.cli import render as R
@@ -51,14 +50,6 @@ def add_parsers(sub):
                       "there.")
     s.add_argument("name", metavar="NAME")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _by():
-    import pwd
-    try:
-        return "cli:" + pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return f"cli:uid {os.getuid()}"
 
 
 def cmd_skills(args):
@@ -122,7 +113,7 @@ def _show(args):
 
 
 def _add(args):
-    done = ops.skill_add(args.path, by=_by())
+    done = ops.skill_add(args.path, by=R.cli_actor())
     if args.json:
         R.dump_json(jsonable(done))
         return 0
@@ -143,7 +134,7 @@ def _new(args):
 
 
 def _rm(args):
-    done = ops.skill_remove(args.name, by=_by())
+    done = ops.skill_remove(args.name, by=R.cli_actor())
     if args.json:
         R.dump_json(jsonable(done))
         return 0
