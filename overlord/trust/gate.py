@@ -223,6 +223,7 @@ def scan(target, plan, checks):
     lv = levels(checks)
     secrets, binaries, deps = lv["secrets"], lv["binaries"], lv["dependencies"]
     git_exec = lv["git_exec"]
+    configured = Configured(target) if git_exec != "off" else None
     size_mb = lv["size_mb"]
     size_cap = None if size_mb in (None, "off") or size_mb <= 0 else size_mb * MIB
     out = []
@@ -237,7 +238,8 @@ def scan(target, plan, checks):
                                f"dependency manifest {_dep_verb(change)}", deps))
         storage = git_storage(path)
         if git_exec != "off" and storage is None:
-            why = change.kind != "deleted" and git_exec_path(path)
+            why = change.kind != "deleted" and (git_exec_path(path, entry.kind) or
+                                                configured.named(path))
             if why == CONFIG and entry.kind == "file":
                 why = _config_risk(target, change)
             if why and not (change.kind == "modified" and change.content_same and
@@ -287,20 +289,35 @@ def scan(target, plan, checks):
 
 # -- git ------------------------------------------------------------------------------------------
 
-_HOOKS_OR_CONFIG = re.compile(r"(?:^|.*/)\.git/(?:(?:modules/.+|worktrees/[^/]+)/)?"
-                              r"(?:(config(?:\.worktree)?)|(hooks)/.+)")
+# in a `.git` directory, or a bare repository's `NAME.git` (a heuristic: a bare one by another
+# name is not seen): config, hooks, and the files that send git to another git directory
+_HOOKS_OR_CONFIG = re.compile(r"(?:^|.*/)[^/]*\.git/(?:(?:modules/.+|worktrees/[^/]+)/)?"
+                              r"(?:(config(?:\.worktree)?)|(hooks)(/.+)?|(commondir|gitdir))")
 _LOOSE = re.compile(r"(?:^|.*/)\.git/(?:modules/.+/)?objects/[0-9a-f]{2}/[0-9a-f]{38,62}")
 _STORAGE = re.compile(r"(?:^|.*/)\.git/(?:modules/.+/)?(?:objects/pack/[^/]+|index|"
                       r"objects/info/[^/]+)")
 
 
-def git_exec_path(path):
+def git_exec_path(path, kind="file"):
     """What a path is, when a change to it makes git run a program on the person's machine
-    (a hook, a git directory's configuration), else None."""
+    (a hook, a git directory's configuration, what sends git to another git directory -- and
+    so to its config and hooks), else None. kind: the session's entry kind (a `.git` or
+    `hooks` that is no directory points somewhere else)."""
+    name = path.rpartition("/")[2]
+    if name == ".git" and kind not in ("dir", None):
+        return "a .git that is not a directory (it sends git to a git directory elsewhere)"
     m = _HOOKS_OR_CONFIG.fullmatch(path)
-    if not m or (m.group(2) and path.endswith(".sample")):      # git never runs a *.sample
+    if not m:
         return None
-    return "a git hook (git runs it on your machine)" if m.group(2) else CONFIG
+    if m.group(4):
+        return f"{m.group(4)} (it sends git to another git directory, its config and hooks)"
+    if m.group(2):
+        if m.group(3) is None and kind == "dir":
+            return None              # the hooks folder itself: what is in it is checked
+        if path.endswith(".sample"):                      # git never runs a *.sample
+            return None
+        return "a git hook (git runs it on your machine)"
+    return CONFIG
 
 
 CONFIG = "git configuration (it can name programs git runs: core.fsmonitor, hooks, aliases, filters)"
@@ -338,6 +355,51 @@ def _config_risk(target, change):
     return f"git configuration sets {names} (keys that can name programs git runs)"
 
 
+HOOK_NAMES = frozenset((
+    "applypatch-msg", "pre-applypatch", "post-applypatch", "pre-commit", "pre-merge-commit",
+    "prepare-commit-msg", "commit-msg", "post-commit", "pre-rebase", "post-checkout",
+    "post-merge", "pre-push", "pre-receive", "update", "proc-receive", "post-receive",
+    "post-update", "reference-transaction", "push-to-checkout", "pre-auto-gc", "post-rewrite",
+    "sendemail-validate", "fsmonitor-watchman", "post-index-change"))
+
+
+class Configured:
+    """Where the real repository's own config (and the person's global one) sends git for
+    programs inside the tree: core.hooksPath folders and include.path files. A session's
+    change there is a git_exec finding too (husky's `.husky/pre-commit`)."""
+
+    def __init__(self, target):
+        self.hooks, self.includes = [], []
+        home = os.path.expanduser("~")
+        for cfg, base in ((os.path.join(target, ".git", "config"), os.path.join(target, ".git")),
+                          (os.path.join(home, ".gitconfig"), home)):
+            for key, value in _config_entries(_read_head(cfg, 1 << 20, real=True)) or ():
+                value = value.strip('"')
+                if key == "core.hookspath" and value:
+                    self._add(self.hooks, target, value, target)
+                elif (key == "include.path" or (key.startswith("includeif.") and
+                                                key.endswith(".path"))) and value:
+                    self._add(self.includes, target, value, base)
+
+    @staticmethod
+    def _add(into, target, value, base):
+        if value.startswith("~"):
+            value = os.path.expanduser(value)
+        full = os.path.normpath(os.path.join(base, value))
+        rel = os.path.relpath(full, target)
+        if rel != ".." and not rel.startswith("../"):
+            into.append("" if rel == "." else rel)
+
+    def named(self, path):
+        for hp in self.hooks:
+            inside = path.startswith(hp + "/") if hp else ("/" not in path and path in HOOK_NAMES)
+            if path == hp or inside:
+                return f"a hook in core.hooksPath {hp or '.'} (git runs it on your machine)"
+        if path in self.includes:
+            return "a file the repository's config includes (it can name programs git runs)"
+        return None
+
+
 _SECTION = re.compile(r'\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\\n]|\\.)*)")?\s*\]')
 _KEY = re.compile(r"([A-Za-z][A-Za-z0-9-]*)\s*(?:=(.*))?")
 
@@ -350,8 +412,10 @@ def _config_entries(data):
     except UnicodeDecodeError:
         return None
     out, section = [], None
-    for line in text.replace("\\\n", "").splitlines():
+    for line in text.splitlines():
         line = line.strip()
+        if line.endswith("\\"):        # a continuation (or a comment git does not continue):
+            return None                 # which one is git's call, so not this reader's
         if not line or line[0] in "#;":
             continue
         if line.startswith("["):

@@ -49,6 +49,8 @@ PACK = re.compile(r"^objects/pack/pack-[0-9a-f]+\.pack$")
 PACK_PART = re.compile(r"^objects/pack/pack-[0-9a-f]+\.(?:idx|rev|bitmap|keep|promisor|mtimes)$")
 CONFIG = re.compile(r"^(?:(?:modules/.+|worktrees/[^/]+)/)?config(?:\.worktree)?$")
 HOOK = re.compile(r"^(?:modules/.+/)?hooks/[^/]+$")
+HOOKS_DIR = re.compile(r"^(?:modules/.+/)?hooks$")
+REDIRECT = re.compile(r"^(?:(?:modules/.+|worktrees/[^/]+)/)?(?:commondir|gitdir)$")
 
 
 # -- the path class ----------------------------------------------------------------------------
@@ -371,6 +373,12 @@ def _classify(repo, rest, kind, sides, path):
     if HOOK.match(rest) and not rest.endswith(".sample"):       # git never runs a *.sample
         repo["hooks"].append({"path": rest, "kind": kind})
         return
+    if HOOKS_DIR.match(rest) and not _is_dir(sides, path, kind) and kind != "deleted":
+        repo["hooks"].append({"path": rest, "kind": kind})   # the folder swapped for a link
+        return
+    if REDIRECT.match(rest):          # where git finds the common dir: config and hooks too
+        repo["config"].append({"path": rest, "kind": kind})
+        return
     if kind in ("added", "modified", "deleted") and not _is_dir(sides, path, kind):
         repo["other"] += 1
 
@@ -533,7 +541,9 @@ def line(repo):
     for item in repo["config"]:
         parts.append(f"{item['path']} {_verb(item['kind'])}")
     for item in repo["hooks"]:
-        parts.append(f"hook {item['path'].removeprefix('hooks/')} {_verb(item['kind'])}")
+        name = item["path"].removeprefix("hooks/")
+        parts.append(f"hooks directory {_verb(item['kind'])}" if HOOKS_DIR.match(item["path"])
+                     else f"hook {name} {_verb(item['kind'])}")
     if repo["other"]:
         parts.append(_count(repo["other"], "other file"))
     for path in repo.get("left_out", ()):

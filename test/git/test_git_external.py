@@ -134,6 +134,10 @@ def test_a_broken_repository_as_target(g, tmp_path, broken):
     else:
         assert "HEAD is unreadable" in line and "1 other file" in line, line
         assert "lock file .git/index.lock left out" in line, line
+    if broken == "nowhere":      # a .git file rewritten sends git elsewhere: the gate holds it
+        proc = g("commit", sid)
+        assert proc.returncode == 1 and "git_exec in .git" in proc.err, proc.err
+        (g.ovl.home / "policy.json").write_text('{"default": {"checks": {"git_exec": "warn"}}}')
     proc = g("commit", sid)
     assert proc.returncode == 0, (proc.out, proc.err)
     assert (target / "x.txt").read_text() == "x\n"

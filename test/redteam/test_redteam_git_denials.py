@@ -88,9 +88,6 @@ def commit_then_use(ovl, host, repo, sid, *use):
 
 # -- git: holes -----------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="issue 14 red team: a git config comment ending in a "
-                   "backslash hides the next key (core.fsmonitor) from gate._config_entries "
-                   "(it joins '\\\\\\n' everywhere; git does not in a comment): no git_exec finding")
 def test_a_comment_ending_in_a_backslash_hides_core_fsmonitor(ovl, host, repo, tmp_path):
     marker = tmp_path / "PWNED-fsmonitor"
     sid = session(ovl, repo, "cat >> .git/config <<'EOF'\n"
@@ -104,17 +101,12 @@ def test_a_comment_ending_in_a_backslash_hides_core_fsmonitor(ovl, host, repo, t
         f"status ran it on the host: {marker.exists()}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 red team: git's config reader and "
-                   "gate._config_entries disagree on '# comment \\' + newline (unit)")
 def test_the_config_reader_sees_a_key_after_a_backslashed_comment_unit():
     data = b"[core]\n\t# note \\\n\tfsmonitor = evil\n"
     entries = gate._config_entries(data)
     assert entries is None or ("core.fsmonitor", "evil") in entries, entries
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 red team: .git/commondir (or a `.git` file's "
-                   "gitdir:) can point git at a config in the work tree; gate.git_exec_path "
-                   "knows only .git/config and .git/hooks/*, so core.fsmonitor there lands with no finding")
 @pytest.mark.parametrize("how", ["commondir", "gitfile"])
 def test_git_redirected_to_a_work_tree_config(ovl, host, repo, tmp_path, how):
     marker = tmp_path / f"PWNED-{how}"
@@ -141,9 +133,6 @@ def test_git_redirected_to_a_work_tree_config(ovl, host, repo, tmp_path, how):
         f"person's git status ran its core.fsmonitor on the host: {marker.exists()}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 red team: .git/hooks replaced by a symlink into "
-                   "the work tree is no git_exec finding (gate._HOOKS_OR_CONFIG needs hooks/X) and "
-                   "gitdir.summarize calls it '1 other file'; the person's git commit runs the hook")
 def test_the_hooks_directory_replaced_by_a_symlink(ovl, host, repo, tmp_path):
     marker = tmp_path / "PWNED-hooks"
     sid = session(ovl, repo, "mkdir -p tools/githooks && "
@@ -158,9 +147,6 @@ def test_the_hooks_directory_replaced_by_a_symlink(ovl, host, repo, tmp_path):
         f"{marker.exists()}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 red team: with core.hooksPath naming a work-tree "
-                   "folder (husky's .husky), a changed hook there is no git_exec finding: the gate "
-                   "does not read where the real config says hooks live")
 def test_a_hook_under_the_configured_hooks_path(ovl, host, repo, tmp_path):
     marker = tmp_path / "PWNED-husky"
     (repo / ".husky").mkdir()

@@ -111,3 +111,20 @@ def test_paths_and_keys_units():
     assert not gate.git_exec_path(".git/refs/heads/main") and not gate.git_exec_path("src/config")
     assert gate._config_entries(b'[remote "o"]\n\turl = u\n') == [("remote.o.url", "u")]
     assert gate._config_entries(b"\x80") is None and gate._config_entries(b"key = v\n") is None
+    assert gate._config_entries(b"[core]\n\t# a note \\\n\tfsmonitor = x\n") is None
+    # what sends git elsewhere, and a bare repository by its conventional name
+    assert gate.git_exec_path(".git/commondir") and gate.git_exec_path(".git/worktrees/w/gitdir")
+    assert gate.git_exec_path("docs/.git", "file") and gate.git_exec_path(".git", "symlink")
+    assert not gate.git_exec_path("docs/.git", "dir")
+    assert gate.git_exec_path(".git/hooks", "symlink") and not gate.git_exec_path(".git/hooks", "dir")
+    assert gate.git_exec_path("srv/app.git/hooks/post-receive")
+
+
+def test_the_real_configs_hooks_path_and_includes_are_held(tmp_path):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text(
+        '[core]\n\thooksPath = .husky\n[include]\n\tpath = ../tools/git.inc\n')
+    where = gate.Configured(str(tmp_path))
+    assert "core.hooksPath .husky" in where.named(".husky/pre-commit")
+    assert "includes" in where.named("tools/git.inc")
+    assert where.named("src/a.py") is None and where.named(".huskyx/a") is None
