@@ -180,8 +180,10 @@ def test_private_tmp_and_shm_do_not_reach_the_host(jail):
             os.unlink(p)
     assert escaped == [], f"written on the host: {escaped}"
     assert name in res.rt["/tmp"] and res.rt["/dev/shm"] == [name], res
-    # the jail's /tmp holds nothing of the host's: at most the way down to the target
+    # the jail's /tmp holds nothing of the host's: at most the way down to the target, and
+    # the jail's own git config (HOME=/tmp: your user.name/email, safe.directory -- gitdir)
     allowed = {str(jail.target).split("/")[2]} if str(jail.target).startswith("/tmp/") else set()
+    allowed.add(".gitconfig")
     assert set(res.rt["/tmp"]) - {name} <= allowed, res
 
 
