@@ -86,6 +86,8 @@ def _show(args):
             if s["name"] == "journal":
                 state += f", {s.get('entries_shown')} of {s.get('entries')} entries"
             state += f", sha256 {s['sha256'][:12]}"
+            if s.get("sha256_of") == "window":
+                state += f" (of the last {s['read'][1] - s['read'][0]} bytes, all that was read)"
         lines.append(f"  {s['name']:<8} {R.escape_path(s['path'])}: {state}")
     sys.stderr.write("\n".join(lines) + "\n")
     return 0
@@ -168,12 +170,12 @@ def _journal(args):
 
 
 def _entry(e):
-    """`SID  2026-09-16 12:00 UTC  task: ...  files (N): a, b  claim (the model's own): ...`,
-    every byte the model or a path chose escaped."""
+    """`SID  2026-09-16 12:00 UTC  task: ...  files (N): "a", "b"  claim (the model's own): ...`,
+    every byte the model or a path chose escaped; each path quoted (a quote in it as \\")."""
     import time
     at = e.get("at")
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at)) if isinstance(at, (int, float)) else "?"
-    files = [R.escape_path(str(p)) for p in e.get("files") or []]
+    files = ['"' + R.escape_path(str(p)).replace('"', '\\"') + '"' for p in e.get("files") or []]
     n = e.get("changes") if isinstance(e.get("changes"), int) else len(files)
     named = ", ".join(files) + (f", +{n - len(files)} more" if n > len(files) else "")
     claim = " ".join(str(e.get("claim") or "").split())
@@ -193,7 +195,7 @@ def _proposals(args):
     for p in rows:
         state = f"accepted by {p['by'] or '?'}" if p["accepted"] else "proposed"
         where = f"turn {p['turn']} {p['call']}" if p.get("turn") is not None else "-"
-        print(f"{p['id']}  {state}  {R.escape_text(where)}  {R.escape_text(' '.join(p['note'].split()))}")
+        print(f"{p['id']}  {state}  {R.escape_text(where)}  {_note(p['note'])}")
     return 0
 
 
@@ -203,12 +205,20 @@ def _accept(args):
         R.dump_json(jsonable(rows))
         return 0
     for r in rows:
-        note = R.escape_text(" ".join(r["note"].split()))
+        note = _note(r["note"])
         if r["accepted"]:
             print(f"accepted {r['id']}: {note}")
         else:
             print(f"skipped {r['id']}: {r['skipped']}: {note}")
     return 0
+
+
+def _note(note):
+    """A proposed note as it is saved: its first line, each later line on a line of its own,
+    indented; every line escaped (a control character cannot act on the terminal, nor a line
+    break the note hides pose as a line of the listing)."""
+    lines = note.splitlines() or [""]          # the lines memory.as_item saves
+    return R.escape_text(lines[0]) + "".join("\n    " + R.escape_text(line) for line in lines[1:])
 
 
 COMMANDS = {"memory": cmd_memory}

@@ -101,6 +101,8 @@ def _current():
     got = _read_user()
     if got.warning:
         raise UsageError(f"{got.warning}; fix it by hand first")
+    if got.sha256 is not None and not got.whole:      # over 1 GiB: a rewrite would lose its head
+        raise UsageError(f"OVERLORD_HOME/memory.md is {got.size} bytes; fix it by hand first")
     return got.data
 
 

@@ -30,6 +30,7 @@ def test_show_prints_exactly_what_the_system_prompt_gets(aovl, target, tmp_path)
     assert meta["sources"] == told["sources"]
     by = {s["name"]: s for s in meta["sources"]}
     assert by["project"]["sha256"] == sha((target / "OVERLORD.md").read_bytes())
+    assert by["project"]["sha256_of"] == by["user"]["sha256_of"] == "file"
     assert by["user"]["sha256"] == sha(aovl.memory_md())
     assert by["journal"]["sha256"] is None and by["journal"]["shown"] == 0
     data = json.loads(aovl("memory", "show", "-t", target, "--json", check=0).out)
@@ -65,7 +66,9 @@ def test_each_source_is_capped_newest_kept_and_the_cut_said(kmem, target, home, 
         assert f"[older notes cut: {s['cut']} bytes]" in text
     # the tail starts on a whole line: the first line shown is complete
     block = text.split(f"[older notes cut: {by['project']['cut']} bytes]\n")[1]
-    assert block.startswith("project line ") and block.split("\n")[0] in lines
+    assert block.startswith(M.FENCE + "project line ") and block.split("\n")[0][len(M.FENCE):] in lines
+    assert by["project"]["sha256_of"] == "window" and by["project"]["read"][1] == by["project"]["bytes"]
+    assert by["project"]["read"][1] - by["project"]["read"][0] <= M.CAPS["project"] + M.MARGIN
     j = by["journal"]
     assert j["shown"] <= M.CAPS["journal"] < j["bytes"] and j["entries"] == 200
     assert 0 < j["entries_shown"] < 200
