@@ -19,9 +19,13 @@ Every claim rests on evidence, never on a guess (docs/DENIALS.md):
   stderr   what a failed command of the call said (exit status not 0), read together with the
            grants and the jail's plan(): an errno message naming a path or a syscall
 A stderr pattern alone is never enough: each one is checked against what the session really
-was (jailed? net=none? the filter loaded? the path absent inside the jail but present
-outside? the grant non-zero?). What cannot be known is not said: a path under the jail's
-private /tmp is never "outside the jail", and a failure with no such evidence gets no line.
+was (jailed? net=none? the filter loaded? the path absent from what the jail's plan shows?
+a path inside a read-only mount of the plan? the grant non-zero?). The host itself is never
+looked at for a path a command printed (the answer would tell the model what the host holds).
+What cannot be known is not said: a path under the jail's private /tmp is never "outside the
+jail", a relative path is never "read-only", and a failure with no such evidence gets no line.
+A trace record is read field by field (its strings are the program's). Every pattern is linear
+on any line (no nested or unbounded repetition that can backtrack).
 """
 import dataclasses
 import json
@@ -118,11 +122,24 @@ def _deepest(facts, path):
     return best
 
 
+# what the jail's /dev holds (jail._build_dev): anything else named under it is not there
+DEV_ENTRIES = frozenset(jail_mod.DEVICES) | {"pts", "ptmx", "shm", "fd", "stdin", "stdout",
+                                             "stderr", "console"}
+
+
 def absent_in_jail(facts, path):
-    """The shortest prefix of an absolute path that does not exist inside the jail while it
-    exists outside, or None when that cannot be said for sure."""
+    """The shortest prefix of an absolute path that the jail does not show -- by its plan alone:
+    the jail's root and /dev are its own read-only trees holding only what the plan puts there --
+    or None when that cannot be said for sure (inside the project, a bind of the host's own tree,
+    the private /tmp, /dev/shm, /proc). The host is never looked at: whether the path exists
+    outside must not change the answer (the line would tell the model what the host holds)."""
+    if not facts.jailed or not facts.plan or not path.startswith("/") or \
+            ".." in path.split("/") or "\0" in path:
+        return None              # a '..' after a symlink (/bin -> usr/bin) is not lexical
     path = posixpath.normpath(path)
-    if not facts.jailed or not facts.plan or _inside(path, facts.target):
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if _inside(path, facts.target):
         return None
     op = _deepest(facts, path)
     if op is not None:
@@ -130,19 +147,16 @@ def absent_in_jail(facts, path):
             return None          # the host's own tree (same as outside), or a private tmpfs/proc
         rest = path[len(op.dest):].lstrip("/")
         first = rest.split("/", 1)[0]
-        known = set(jail_mod.DEVICES) | {"pts", "ptmx", "shm", "fd", "stdin", "stdout", "stderr",
-                                         "console"}
-        if not first or first in known:
+        if not first or first in DEV_ENTRIES:
             return None
-        found = posixpath.join(op.dest, first)
-        return found if os.path.lexists(found) else None
+        return posixpath.join(op.dest, first)
     dests = [o.dest for o in facts.plan]
     parts = [p for p in path.split("/") if p]
     for i in range(len(parts)):
         prefix = "/" + "/".join(parts[:i + 1])
         if any(_inside(d, prefix) for d in dests):
             continue             # a directory the jail made on the way to one of its mounts
-        return prefix if os.path.lexists(prefix) else None
+        return prefix
     return None
 
 
@@ -170,7 +184,8 @@ def readonly_in_jail(facts, path):
 
 # -- reading what a command said ---------------------------------------------------------------
 
-_QUOTED = re.compile(r"'([^'\n]+)'|\u2018([^\u2019\n]+)\u2019|\"([^\"\n]+)\"|`([^'`\n]+)'")
+# each quoted run stops at its own opener too (a run of openers is not scanned once each)
+_QUOTED = re.compile(r"'([^'\n]+)'|\u2018([^\u2018\u2019\n]+)\u2019|\"([^\"\n]+)\"|`([^'`\n]+)'")
 _BARE = re.compile(r"(?<![\w.~\-/])(/[^\s:'\"`\u2018\u2019,;()]*)")
 
 
@@ -201,14 +216,15 @@ SECCOMP_MESSAGES = [
     (re.compile(PROGRAM + r"swapon: .*: swapon failed: Operation not permitted"), "swapon"),
     (re.compile(PROGRAM + r"swapoff: .*: swapoff failed: Operation not permitted"), "swapoff"),
     (re.compile(PROGRAM + r"dmesg: read kernel buffer failed: Operation not permitted"), "syslog"),
-    (re.compile(PROGRAM + r"strace: .*PTRACE_\w+.*: Operation not permitted"), "ptrace"),
+    (re.compile(PROGRAM + r"strace: [^\n]*?\bPTRACE_[A-Z_]{1,32}\b[^\n]{0,160}?: Operation not permitted$"), "ptrace"),
     (re.compile(r"^ptrace: Operation not permitted"), "ptrace"),
 ]
 # "name(...): Operation not permitted", "name(2) failed: EPERM", "name(...) failed with
 # unexpected error 1 (Operation not permitted)": a syscall named as called, for any syscall
 # the filter refuses outright (a bare word is not enough: 'reboot' may be a file name)
-_GENERIC = re.compile(r"\b([a-z_][a-z_0-9]*)\((?:[^()]|\([^()]*\))*\)(?:\s+failed|\s+error)?"
-                      r"(?:\s+with[^:\n]*?)?:?\s*\(?(?:Operation not permitted|EPERM\b)")
+_GENERIC = re.compile(r"\b([a-z_][a-z_0-9]{0,63})\((?:[^()\n]|\([^()\n]*\))*\)"
+                      r"(?:\s{1,8}failed|\s{1,8}error)?(?:\s{1,8}with[^:\n]{0,80}?)?:?\s{0,8}\(?"
+                      r"(?:Operation not permitted|EPERM\b)")
 _PY_EPERM = re.compile(r"PermissionError: \[Errno 1\] Operation not permitted")
 _PY_CALL = re.compile(r"\b(?:os|libc|_?posix)\.([a-z_0-9]+)\(")
 
@@ -241,16 +257,18 @@ def _seccomp_denial(name, evidence, what=None):
 
 
 def _readonly(facts, line):
+    """EROFS naming an absolute path that a read-only part of the jail's plan holds (or a git
+    directory the record says is bound read-only). A relative path gets no line: where the
+    program was when it wrote is not known, and the project, /tmp and /dev/shm are writable --
+    a program's own words "Read-only file system" there are no evidence of the jail."""
     if "Read-only file system" not in line:
         return None
-    named = paths_in(line)
-    for path in named:
+    for path in paths_in(line):
+        if ".." in path.split("/"):
+            continue             # not lexical after a symlink: which part it reached is unknown
         where = readonly_in_jail(facts, path)
         if where:
             return _readonly_denial(facts, where)
-    if not named and facts.jailed and facts.plan:      # a relative path: still the jail's mounts
-        return Denial("readonly", f"blocked: a read-only part of the jail refused a write ({WRITABLE})",
-                      "stderr", {"path": None})
     return None
 
 
@@ -301,8 +319,19 @@ def _network_denial(facts, evidence):
 
 _EFBIG = re.compile(r"File too large|File size limit exceeded|\[Errno 27\]")
 _EMFILE = re.compile(r"Too many open files(?! in system)|\[Errno 24\]")
-_FORK = re.compile(r"(?:\bfork|\bclone|\bvfork|pthread_create|can't start new thread|spawn)\S*"
-                   r"[^\n]*(?:Resource temporarily unavailable|EAGAIN)|Cannot fork|can't fork", re.I)
+# a fork word, then (anywhere after it on the line) EAGAIN's words: found with str methods and
+# one literal alternation each (no nested repetition: linear on any line)
+_FORK_WORD = re.compile(r"\bfork|\bclone|\bvfork|pthread_create|can't start new thread|spawn", re.I)
+_FORK_ALONE = re.compile(r"Cannot fork|can't fork", re.I)
+_EAGAIN_WORDS = ("resource temporarily unavailable", "eagain")
+
+
+def _fork_refused(line):
+    if _FORK_ALONE.search(line):
+        return True
+    low = line.lower()
+    last = max(low.rfind(w) for w in _EAGAIN_WORDS)
+    return last > 0 and _FORK_WORD.search(line, 0, last) is not None
 _PY_EAGAIN = re.compile(r"BlockingIOError: \[Errno 11\]|RuntimeError: can't start new thread")
 _PY_FORK = re.compile(r"\bfork\(|_execute_child|fork_exec|\.start\(\)")
 _ENOMEM = re.compile(r"MemoryError|Cannot allocate memory|out of memory|std::bad_alloc|"
@@ -323,7 +352,7 @@ def _limits(facts, lines, i, meta, captures):
     if _EMFILE.search(line) and lim["nofile"]:
         return limit_denial("nofile", lim["nofile"], "stderr")
     if lim["pids"] and facts.uid not in (0, None):      # RLIMIT_NPROC holds a user, not uid 0
-        forked = _FORK.search(line) or (_PY_EAGAIN.search(line) and any(
+        forked = _fork_refused(line) or (_PY_EAGAIN.search(line) and any(
             _PY_FORK.search(b) for b in lines[max(0, i - 6):i]))
         if forked:
             return limit_denial("pids", lim["pids"], "stderr")
@@ -385,23 +414,72 @@ def from_stderr(facts, captures, meta=None):
     return None
 
 
-_WHITEOUT_DEV = re.compile(r"S_IFCHR[^,]*,\s*makedev\(0(?:x0)?,\s*0(?:x0)?\)")
+def trace_fields(args):
+    """An strace record's argument text split at its top-level commas, each field stripped;
+    a quoted string (a path: the traced program chose it, escapes and all) is kept whole and
+    never split or read as flags. One pass, linear."""
+    fields, depth, start, i, n = [], 0, 0, 0, len(args)
+    while i < n:
+        c = args[i]
+        if c == '"':
+            i += 1
+            while i < n and args[i] != '"':
+                i += 2 if args[i] == "\\" else 1
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            fields.append(args[start:i].strip())
+            start = i + 1
+        i += 1
+    fields.append(args[start:].strip())
+    return fields
+
+
+def _flags(field):
+    """The names of a flags field (A|B|0x4), or none when the field is a string or a struct."""
+    if not field or field[0] in '"{[':
+        return set()
+    return {part.strip() for part in field.split("|")}
+
+
+def _whiteout_device(fields, mode_at):
+    """mknod(path, mode, dev) / mknodat(dirfd, path, mode, dev): a 0/0 character device."""
+    if len(fields) != mode_at + 2:
+        return False
+    return "S_IFCHR" in _flags(fields[mode_at]) and bool(_ZERO_DEV.fullmatch(fields[mode_at + 1]))
+
+
+_ZERO_DEV = re.compile(r"makedev\(0(?:x0)?,\s?0(?:x0)?\)")
+
+
+_SA_FAMILY = re.compile(r"\{sa_family=(AF_INET6?)\b")
+_LOOPBACK_ADDR = re.compile(r'inet_addr\("127\.|inet_pton\(AF_INET6,\s?"::1"')
 
 
 def from_trace(facts, records):
-    """A denial a --trace strace record of the call shows (records with a return value)."""
+    """A denial a --trace strace record of the call shows (records with a return value). Each
+    check reads the syscall's own field -- its flags, its mode and device, its address family
+    -- never the whole line, whose strings the program chose."""
     for rec in records:
         if rec.get("ret") != -1:
             continue
         name, args = rec.get("syscall"), rec.get("args") or ""
-        if facts.seccomp and name in ("mknod", "mknodat") and _WHITEOUT_DEV.search(args):
+        if not isinstance(args, str):
+            continue
+        fields = trace_fields(args) if name in ("mknod", "mknodat", "renameat2", "connect") else ()
+        if facts.seccomp and name in ("mknod", "mknodat") and \
+                _whiteout_device(fields, 1 if name == "mknod" else 2):
             return _seccomp_denial(name, "trace", f"{name}(2) of a 0/0 character device (an "
                                                   "overlay whiteout)")
-        if facts.seccomp and name == "renameat2" and "RENAME_WHITEOUT" in args:
+        if facts.seccomp and name == "renameat2" and len(fields) == 5 and \
+                "RENAME_WHITEOUT" in _flags(fields[4]):
             return _seccomp_denial(name, "trace", "renameat2(2) with RENAME_WHITEOUT")
-        if facts.offline and name == "connect" and re.search(r"AF_INET6?\b", args) and \
-                not re.search(r"inet_addr\(\"127\.|inet_pton\(AF_INET6, \"::1\"", args):
-            return _network_denial(facts, "trace")
+        if facts.offline and name == "connect" and len(fields) >= 2:
+            family = _SA_FAMILY.match(fields[1])
+            if family and not _LOOPBACK_ADDR.search(fields[1]):
+                return _network_denial(facts, "trace")
     return None
 
 

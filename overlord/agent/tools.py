@@ -14,8 +14,10 @@ missing file, a refused path are all results the model reads).
 import dataclasses
 import hashlib
 import posixpath
+import re
 import shlex
 import shutil
+import unicodedata
 
 OUTPUT_CAP = 32 << 10            # per stream, head + tail: what a model reads of one call
 EDIT_CAP = 16 << 20              # the largest file edit_file rewrites
@@ -160,6 +162,28 @@ def relative(path, root):
     return norm
 
 
+OWN_OUTPUT = "(the tool's own output follows; it is not a sandbox denial)"
+_UNSEEN = ("Cc", "Cf", "Zs", "Zl", "Zp")     # whitespace, control and invisible format characters
+# a terminal escape sequence (CSI, OSC, or ESC and one character): unseen as a whole
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|.)", re.S)
+
+
+def unforged(outcome):
+    """The model is told (prompt.GUIDE) that a result whose first line starts with "blocked" is
+    the sandbox refusing the call: such a line is OVERLORD's only. A result with no denial whose
+    own text would begin that way -- after whitespace, control or invisible characters, in any
+    case (a file's first line, a file name, a program's words) -- gets OWN_OUTPUT before it."""
+    if outcome.denial or not isinstance(outcome.content, str):
+        return outcome
+    text, i = outcome.content, 0
+    while i < len(text) and unicodedata.category(text[i]) in _UNSEEN:
+        escape = _ESCAPE.match(text, i)
+        i = escape.end() if escape else i + 1
+    if text[i:i + 16].casefold().startswith("blocked"):
+        outcome.content = f"{OWN_OUTPUT}\n{text}"
+    return outcome
+
+
 class Toolbox:
     """Runs tool calls in one session.
 
@@ -197,10 +221,10 @@ class Toolbox:
             extra = self.extras.get(name)
             outcome = extra.run(self, args, cause) if extra else getattr(self, "_" + name)(args, cause)
         except Refused as exc:
-            return Outcome(str(exc), is_error=True)
+            return unforged(Outcome(str(exc), is_error=True))
         if self.explain and self._captures:
             self._explain(outcome, lambda: self.explain(name, args, self._captures))
-        return outcome
+        return unforged(outcome)
 
     def refused(self, name, args, exc):
         """The Outcome of a call whose command the session refused to run (ops raised
@@ -210,7 +234,7 @@ class Toolbox:
         how = getattr(self.explain, "refused", None)
         if how:
             self._explain(outcome, lambda: how(name, args, self._captures, exc))
-        return outcome
+        return unforged(outcome)
 
     @staticmethod
     def _explain(outcome, explain):

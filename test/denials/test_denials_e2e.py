@@ -144,6 +144,18 @@ def test_trace_records_explain_what_stderr_does_not(kovl, target, tmp_path, prov
     assert run.results[2]["exit_code"] == 0 and "denial" not in run.results[2]
 
 
+def test_a_path_naming_a_flag_earns_no_trace_cause(kovl, target, tmp_path):
+    """mv's renameat2(..., "RENAME_WHITEOUT", RENAME_NOREPLACE) fails (EEXIST): the flag is
+    only in the path the program chose, so the record's flags field says no whiteout."""
+    require_tool("strace")
+    run = agent(kovl, target, tmp_path, "scripted", [
+        ("shell", {"command": "mkdir -p a RENAME_WHITEOUT/x && mv -T a RENAME_WHITEOUT"})],
+        "--trace", "strace")
+    assert run.proc.returncode == 0, (run.proc.out, run.proc.err)
+    assert run.results[0]["exit_code"] == 1 and "Directory not empty" in run.content(0)
+    assert_no_denial(run)
+
+
 # -- negatives ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("provider", PROVIDERS)
