@@ -152,7 +152,7 @@ class Loop:
                 continue
             started = time.monotonic()
             if hands:      # outside the sandbox: gated, audited, never raising for the server
-                self._result(turn, call, hands.call(name, args, turn, call.id),
+                self._result(turn, call, tools.unforged(hands.call(name, args, turn, call.id)),
                              time.monotonic() - started)
                 if self.cancel.is_set():
                     return "cancelled", None
