@@ -229,8 +229,7 @@ def test_a_git_directory_the_jail_binds_read_only(kovl, tmp_path, provider):
     run = agent(kovl, wt, tmp_path, provider, [("shell", {"command": f"touch {common}/overlord-probe"})])
     assert run.proc.returncode == 0, (run.proc.out, run.proc.err)
     readonly = (kovl.meta(run.sid).get("git") or {}).get("readonly") or []
-    if common not in readonly:
-        pytest.skip(f"this session binds no git directory read-only (meta git: {readonly})")
+    assert common in readonly, f"the jail binds the worktree's common dir read-only (meta git: {readonly})"
     d = assert_told(run, f"blocked: {common} is read-only inside the jail (a git directory "
                     "outside the project)", "readonly")
     assert d["path"] == common and not os.path.exists(f"{common}/overlord-probe")
