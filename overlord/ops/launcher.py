@@ -47,9 +47,11 @@ class Client:
     def call(self, request, fds=(), cancel=None):
         """Send one request; wait for its answer, passing a cancel on. Returns the answer dict
         or raises the OverlordError the worker raised."""
+        from overlord.trust import audit
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            data = json.dumps(request).encode()
+            # the account a face acts for is who the worker's audit lines name
+            data = json.dumps(dict(request, actor=audit.current_actor())).encode()
             with self._send:
                 try:
                     socket.send_fds(self.sock, [data], [theirs.fileno(), *fds])
@@ -293,8 +295,10 @@ class _SocketCancel:
 def _worker(request, fds):
     reply = socket.socket(fileno=fds[0])
     stdio = fds[1:]
+    from overlord.trust import audit
     try:
-        answer = _perform(request, stdio, _SocketCancel(reply))
+        with audit.acting_as(request.get("actor")):
+            answer = _perform(request, stdio, _SocketCancel(reply))
     except OverlordError as exc:
         answer = {"error": type(exc).__name__, "message": str(exc)}
     except OSError as exc:

@@ -16,6 +16,8 @@ read from the log's tail under the lock (O(1) in the log's size); each line is o
 fsynced. A torn last line (a crash mid-write) is never continued from: append refuses and
 verify names it.
 """
+import contextlib
+import contextvars
 import errno
 import fcntl
 import hmac
@@ -47,6 +49,10 @@ ACTIONS = (
     "connector.call", "connector.approval_requested", "connector.decision", "connector.result",
     "connector.config",
     "memory.accept", "memory.edit", "skill.add", "skill.remove",
+    # accounts and sign-in (trust/auth.py, trust/oidc.py; issue 15)
+    "auth.login", "auth.login_failed", "auth.lockout", "auth.logout",
+    "user.add", "user.remove", "user.role", "user.passwd", "user.token_mint", "user.token_revoke",
+    "sso.config", "sso.provision", "sso.refused",
 )
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 
@@ -59,9 +65,28 @@ def key_path():
     return os.path.join(store.home(), KEY_NAME)
 
 
-def actor():
-    """The OS user as "uid:name" (the uid alone when it has no name)."""
-    return _os_user()
+def current_actor():
+    """Who acts now: the account a face is acting for (acting_as), else the OS user as
+    "uid:name" (the uid alone when it has no name)."""
+    return _acting.get() or _os_user()
+
+
+_acting = contextvars.ContextVar("overlord_audit_actor", default=None)
+
+
+@contextlib.contextmanager
+def acting_as(who):
+    """Within the block (this thread, and what it hands its context to), appends without an
+    explicit actor record `who` -- "account:<name>" for a signed-in person (auth.Principal.
+    actor); None keeps the OS user. The launcher carries it across to its worker."""
+    token = _acting.set(who or None)
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+actor = current_actor
 
 
 def _os_user():
@@ -278,7 +303,7 @@ def append_located(action, *, sid=None, target=None, actor=None, **details):
         if k in RESERVED:
             raise ValueError(f"audit detail {k!r} is a reserved field")
     entry = _clean(details) if details else {}
-    entry.update(action=action, actor=actor if actor is not None else _os_user(),
+    entry.update(action=action, actor=actor if actor is not None else current_actor(),
                  ts=round(time.time(), 6))
     if sid is not None:
         entry["sid"] = _clean(sid)
