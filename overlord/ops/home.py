@@ -20,3 +20,32 @@ def write_private_json(path, data, indent=None):
     """Write JSON to `path` atomically (temp file, fsync, rename), mode 0600 from the moment
     the file exists, whatever the umask: for a file that may hold a credential."""
     store.write_json_atomic(path, data, 0o600, indent=indent)
+
+
+# An account's name: a local name, or (single sign-on) a lower-cased e-mail. Either is one path
+# component under users/ -- never "", ".", "..", a slash, a NUL or an upper-case letter.
+_LOCAL = r"[a-z][a-z0-9_.-]{0,31}"
+_EMAIL = r"[a-z0-9!#$%&'*+=?^_`{|}~.-]{1,64}@[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
+
+
+def valid_user(name):
+    """True when `name` is an account name users/<name>/ may be made of."""
+    import re
+    if not isinstance(name, str) or len(name) > 254 or name in (".", ".."):
+        return False
+    return re.fullmatch(_LOCAL, name) is not None or re.fullmatch(_EMAIL, name) is not None
+
+
+def user_dir(name):
+    """OVERLORD_HOME/users/<name>/ for an account (not made). Any other name -- one with a
+    slash, "..", upper case, a NUL, neither a local name nor a lower-case e-mail -- is refused
+    (UsageError): no name leads outside users/."""
+    import os
+    from overlord.errors import UsageError
+    if not valid_user(name):
+        raise UsageError(f"not an account name: {name!r}")
+    base = os.path.join(store.home(), "users")
+    path = os.path.join(base, name)
+    if os.path.dirname(path) != base:
+        raise UsageError(f"not an account name: {name!r}")
+    return path
