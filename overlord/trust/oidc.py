@@ -173,8 +173,8 @@ def _email(value, what):
 
 
 def _valid_name(name):
-    from overlord.ops import home
-    return home.valid_user(name)
+    from overlord.ops.home import valid_user
+    return valid_user(name)
 
 
 def configure(issuer, client_id, client_secret, domains=(), admins=(), viewers=(),
@@ -906,6 +906,9 @@ _provision_lock = threading.Lock()
 
 
 def _find_by_subject(auth, issuer, sub):
+    if hasattr(auth, "find_sso"):
+        name = auth.find_sso(issuer, sub)
+        return (name, auth.get(name) or {}) if name is not None else (None, None)
     for row in auth.listing():
         if not row.get("sso"):
             continue
