@@ -360,7 +360,8 @@ def _check_role(role):
     return role
 
 
-def _check_local(name):
+def check_local_name(name):
+    """A local account's name (LOCAL_NAME); else UsageError saying the rule."""
     if not isinstance(name, str) or not LOCAL_NAME.match(name):
         raise UsageError(f"not a local account name: {name!r} ({LOCAL_RULE})")
     return name
@@ -373,14 +374,17 @@ def _check_sso_name(name):
     return name
 
 
-def _check_any(name):
-    if not isinstance(name, str) or not (LOCAL_NAME.match(name) or "@" in name):
+def check_name(name):
+    """A local name or a single sign-on account's (a lower-case e-mail); else UsageError."""
+    from overlord.ops.home import valid_user
+    if not isinstance(name, str) or not (LOCAL_NAME.match(name)
+                                         or ("@" in name and valid_user(name))):
         raise UsageError(f"not an account name: {name!r}")
     return name
 
 
 def _account(data, name):
-    rec = data["users"].get(_check_any(name))
+    rec = data["users"].get(check_name(name))
     if rec is None:
         raise NotFound(f"no account {name}")
     return rec
@@ -455,7 +459,7 @@ def add(name, role, password=None, sso=None, by=None):
     Makes users/<name>/ (0700). Audited user.add. Returns public(name)."""
     _check_role(role)
     if sso is None:
-        _check_local(name)
+        check_local_name(name)
         if password is None:
             raise UsageError(f"a local account needs a password: {name}")
         stored = hash_password(password)
@@ -706,10 +710,12 @@ def _drop(p):
             raise
 
 
-def login_create(name, via="password"):
+def login_create(name, via=None):
     """Start a login for the account: the cookie's value (shown to the browser once, never
-    stored); the file is keyed by its sha256. Audited auth.login (name, via)."""
+    stored); the file is keyed by its sha256. Audited auth.login (name, via: "password" for a
+    local account, "sso" for a single sign-on one, unless told)."""
     rec = _account(_load(), name)
+    via = via or ("sso" if rec.get("sso") else "password")
     audit.ready()
     cookie = secrets.token_urlsafe(32)
     digest = _sha(cookie)
