@@ -1,5 +1,10 @@
 """Provider keys: OVERLORD_HOME/keys.json (mode 0600), with environment variables winning.
 
+An account (issue 15) has its own OVERLORD_HOME/users/<owner>/keys.json, held to the same
+checks; for an owner the order is: the account's own key, then the environment, then the
+machine's keys.json (the shared key an admin provisions with `overlord keys set`). Without an
+owner (the CLI) it is as it always was: the environment, then the machine's file.
+
 A key file that group or others may read, or that another user owns, is refused rather than
 used: a key that leaked once is not a key. Writes are atomic (temp file created 0600, fsync,
 rename) under a lock, so a concurrent `keys set` never loses the other's key.
@@ -18,8 +23,13 @@ ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY",
        "gemini": "GEMINI_API_KEY"}
 
 
-def path():
-    return os.path.join(store.home(), "keys.json")
+def path(owner=None):
+    """The machine's key file, or (owner) the account's own: users/<owner>/keys.json. A name
+    that is not an account name is refused (ops.home.user_dir): none leads outside users/."""
+    if owner is None:
+        return os.path.join(store.home(), "keys.json")
+    from overlord.ops.home import user_dir
+    return os.path.join(user_dir(owner), "keys.json")
 
 
 @contextlib.contextmanager
@@ -39,8 +49,8 @@ def write_private(target, data):
     store.write_json_atomic(target, data, 0o600, indent=1, sync_dir=True)
 
 
-def _load():
-    p = path()
+def _load(owner=None):
+    p = path(owner)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -68,33 +78,49 @@ def _check(provider):
         raise UsageError(f"no key for provider {provider!r} (one of: {', '.join(ENV)})")
 
 
-def get(provider):
-    """The key to use for a provider (environment first), or None."""
-    _check(provider)
-    env = os.environ.get(ENV[provider])
-    if env:
-        return env
-    value = _load().get(provider)
+def _stored(data, provider):
+    value = data.get(provider)
     return value if isinstance(value, str) and value else None
 
 
-def set(provider, key):  # noqa: A001 -- the module's verb, as in `overlord keys set`
-    """Store a key (None or "" removes it)."""
+def get(provider, owner=None):
+    """The key to use for a provider, or None: the owner's own key (when an owner is named),
+    else the environment, else the machine's key file."""
+    _check(provider)
+    if owner is not None:
+        own = _stored(_load(owner), provider)
+        if own:
+            return own
+    env = os.environ.get(ENV[provider])
+    if env:
+        return env
+    return _stored(_load(), provider)
+
+
+def set(provider, key, owner=None):  # noqa: A001 -- the module's verb, as in `overlord keys set`
+    """Store a key (None or "" removes it): in the machine's file, or (owner) the account's."""
     _check(provider)
     key = (key or "").strip()
     if any(c.isspace() for c in key):
         raise UsageError("a key cannot contain whitespace")
-    with locked(path()):
-        data = _load()
+    target = path(owner)              # a hostile owner is refused before anything is made
+    if owner is not None:
+        from overlord.ops.home import ensure_user_dir
+        ensure_user_dir(owner)
+    with locked(target):
+        data = _load(owner)
         if key:
             data[provider] = key
         else:
             data.pop(provider, None)
-        write_private(path(), data)
+        write_private(target, data)
 
 
-def listing():
-    """{provider: "env" | "store" | None} -- where each key comes from, never the key."""
+def listing(owner=None):
+    """{provider: "own" | "env" | "store" | None} -- where each key comes from (as get()
+    resolves it), never the key. "own" only for an owner."""
+    own = _load(owner) if owner is not None else {}
     stored = _load()
-    return {p: "env" if os.environ.get(var) else ("store" if stored.get(p) else None)
+    return {p: "own" if _stored(own, p) else "env" if os.environ.get(var) else
+            ("store" if _stored(stored, p) else None)
             for p, var in ENV.items()}

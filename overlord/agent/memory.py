@@ -9,9 +9,10 @@ digest and sizes on its meta, the text itself on the transcript's `system` event
               said in the text and not read. The agent extends it with `remember {scope:
               "project"}`, which appends INSIDE the session: a file change with its own
               savepoint and the call's cause, committed or discarded with everything else.
-    user      OVERLORD_HOME/memory.md, the person's own notes, across every folder. The agent
-              cannot write it: `remember {scope: "user"}` records a `memory_proposal` event
-              that a person may accept (ops.memory_accept).
+    user      OVERLORD_HOME/memory.md (an account's: users/<owner>/memory.md), the person's
+              own notes, across every folder. The agent cannot write it: `remember {scope:
+              "user"}` records a `memory_proposal` event that a person may accept
+              (ops.memory_accept: into the notes of the session's owner).
     journal   OVERLORD_HOME/memory/journal/<sha256(folder)[:32]>.jsonl: one line per committed
               agent session in the folder, written here at commit time (`journal_commit`) from
               the engine's records -- the session's task, its committed paths, and the model's
@@ -28,8 +29,11 @@ OVERLORD's that says so: no line of OVERLORD.md, of your notes or of the journal
 source or pose as another's heading. In a journal line every string another party chose (the
 task, each path, the claim) is a JSON string (`quote`).
 
-CONTRACT (issue 14):
-    gather(target) -> Told            the three sources, capped, as the prompt section
+An account (issue 15) has its own notes, OVERLORD_HOME/users/<owner>/memory.md: a session with
+an owner is told that account's notes and no one else's.
+
+CONTRACT (issue 14, owner: issue 15):
+    gather(target, owner=None) -> Told   the three sources, capped, as the prompt section
     tools(session, record) -> [tools.Extra]   the `remember` tool
     journal_commit(session)           after a commit (ops.decide): the journal line
 """
@@ -74,8 +78,19 @@ class Told:
 
 # -- where things are ----------------------------------------------------------------------------
 
-def user_path():
-    return os.path.join(store.home(), USER_FILE)
+def user_path(owner=None):
+    """The person's notes: OVERLORD_HOME/memory.md, or an account's own
+    OVERLORD_HOME/users/<owner>/memory.md (a name that is not an account name is refused:
+    ops.home.user_dir)."""
+    if owner is None:
+        return os.path.join(store.home(), USER_FILE)
+    from overlord.ops.home import user_dir
+    return os.path.join(user_dir(owner), USER_FILE)
+
+
+def user_label(owner=None):
+    """How the notes file is named in a warning or the prompt's sources."""
+    return "OVERLORD_HOME/memory.md" if owner is None else f"OVERLORD_HOME/users/{owner}/memory.md"
 
 
 def journal_dir():
@@ -305,9 +320,10 @@ def fenced(text):
     return "\n".join(FENCE + line if line else FENCE.rstrip(" ") for line in text.splitlines())
 
 
-def gather(target):
+def gather(target, owner=None):
     """Told: the memory section of the system prompt for a session on target (its real path)
-    and what it was built from."""
+    and what it was built from. owner: the account whose notes are the user source (None:
+    OVERLORD_HOME/memory.md, as for the CLI)."""
     sources, blocks = [], []
     project = os.path.join(target, PROJECT_FILE)
     try:
@@ -320,8 +336,8 @@ def gather(target):
         finally:
             os.close(dfd)
     _notes("project", project, got, PROJECT_HEAD, sources, blocks)
-    path = user_path()
-    _notes("user", path, read_notes(path, CAPS["user"], label="your notes (OVERLORD_HOME/memory.md)"),
+    path = user_path(owner)
+    _notes("user", path, read_notes(path, CAPS["user"], label=f"your notes ({user_label(owner)})"),
            USER_HEAD, sources, blocks)
     entries, digest = journal_entries(target)
     lines = [journal_line(e) for e in entries]

@@ -5,6 +5,10 @@ and offline unless told otherwise), every tool call one command in it (ops.exec_
 writing call its own savepoint stamped {kind: agent, turn, tool, call, summary}. The endpoint
 and knobs are recorded on the session's meta (never the key, nor a credential header's value),
 so a resume calls the same model the same way.
+
+A session started for an account (issue 15) records its `owner` (meta "owner", None for the
+CLI) in the same save as the agent settings: its keys are that account's first (agent/keys.py),
+its notes that account's (agent/memory.py), on the first run and on every resume.
 """
 import contextlib
 import dataclasses
@@ -30,6 +34,7 @@ from overlord.trust import policy
 from overlord.ops.decide import rollback
 from overlord.ops.review import get_session
 from overlord.ops import connectors as hands_ops
+from overlord.ops.home import valid_user
 
 DEFAULT_CALL_TIMEOUT = 600          # seconds a tool call may run, unless --timeout
 UNASKED = {"jail": True, "net": "none", "timeout": DEFAULT_CALL_TIMEOUT}   # the agent's own defaults
@@ -51,9 +56,10 @@ class AgentResult:
 # -- endpoints ---------------------------------------------------------------------------------
 
 def endpoint(provider=None, model=None, base_url=None, headers=None, knobs=None, script=None,
-             need_key=True):
+             need_key=True, owner=None):
     """An Endpoint from flags: the provider's default base URL, the key from the store or the
-    environment (refused here, before anything opens, when a provider needs one)."""
+    environment (refused here, before anything opens, when a provider needs one); owner: an
+    account's own key first (agent/keys.get)."""
     provider = provider or os.environ.get("OVERLORD_PROVIDER") or "anthropic"
     providers.get(provider)                      # an unknown name is a usage error
     knobs = {k: v for k, v in (knobs or {}).items() if v is not None}
@@ -68,7 +74,7 @@ def endpoint(provider=None, model=None, base_url=None, headers=None, knobs=None,
     ep = Endpoint(provider, model=model, base_url=base_url or providers.default_base_url(provider),
                   headers=dict(headers or {}), script=script, **knobs)
     if need_key and provider not in ("scripted",):
-        ep.api_key = key_store.get(provider)
+        ep.api_key = key_store.get(provider, owner)
         if not ep.api_key and provider != "openai-compatible":
             raise OverlordError(f"no key for {provider}: set {key_store.ENV[provider]} or run "
                                 f"`overlord keys set {provider}`")
@@ -83,7 +89,7 @@ def _recordable(ep):
     return rec
 
 
-def _recorded_endpoint(rec, headers):
+def _recorded_endpoint(rec, headers, owner=None):
     fields = {k: v for k, v in rec.items() if k in {f.name for f in dataclasses.fields(Endpoint)}}
     merged = dict(fields.get("headers") or {})
     merged.update(headers or {})
@@ -94,7 +100,7 @@ def _recorded_endpoint(rec, headers):
     fields["headers"] = merged
     ep = Endpoint(**fields)
     if ep.provider != "scripted":
-        ep.api_key = key_store.get(ep.provider)
+        ep.api_key = key_store.get(ep.provider, owner)
         if not ep.api_key and ep.provider != "openai-compatible":
             raise OverlordError(f"no key for {ep.provider}: set {key_store.ENV[ep.provider]} or "
                                 f"run `overlord keys set {ep.provider}`")
@@ -118,12 +124,15 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
           knobs=None, script=None, system=None, max_turns=None, context_window=None, jail=None,
           net=None, timeout=None, limits=None, backend=None, trace=None, audit=False, stack=False,
           on_event=None, on_delta=None, cancel=None, broker=None, connectors=None,
-          connector_shell=False, approver=None):
+          connector_shell=False, approver=None, owner=None):
     """Open a session on target and run the agent on task in it. Returns AgentResult; the
     session is left pending for review whatever the done reason. jail, net, timeout, limits:
     None is unasked (the agent's defaults, held to the target's policy: UNASKED).
     connectors: the names of the connectors granted (ops.connectors); approver(request,
-    cancel) -> Decision answers the approval gate (None: nobody to ask, so `ask` denies)."""
+    cancel) -> Decision answers the approval gate (None: nobody to ask, so `ask` denies).
+    owner: the account the session is for (its keys, its notes; recorded on the meta), None
+    for the CLI; a name that is not an account name is refused before anything opens."""
+    _check_owner(owner)
     if audit and jail is False:
         raise UsageError("--audit needs the jail: there is nothing to audit without one")
     task = prompt.audit_task(task) if audit else (task or "").strip()
@@ -133,7 +142,7 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
         raise UsageError("--max-turns must be at least 1")
     if context_window is not None and context_window < 1000:
         raise UsageError("--context-window must be at least 1000 tokens")
-    ep = endpoint(provider, model, base_url, headers, knobs, script)
+    ep = endpoint(provider, model, base_url, headers, knobs, script, owner=owner)
     served = _served_model(ep)
     asked = validate_grants({"jail": jail, "net": net, "timeout": timeout or None,
                              "limits": limits}, "agent")
@@ -147,12 +156,12 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
     settings = {"endpoint": _recordable(ep), "model": served, "max_turns": max_turns,
                 "context_window": context_window, "system": system, "audit": bool(audit)}
     session.meta.update(command=f"agent: {_oneline(task if not audit else 'containment audit')}",
-                        agent=settings, task=_oneline(task, 200))
+                        agent=settings, task=_oneline(task, 200), owner=owner)
     if audit:
         session.meta["audit"] = True
     if held:
         session.meta["connectors"] = held
-    told = memory.gather(session.target)
+    told = memory.gather(session.target, owner)
     offered = skills.catalogue(session.target, policy.rule(session.target)["skills"])
     session.meta.update(memory=told.record(), skills=offered.record())
     session.save()
@@ -198,7 +207,8 @@ def _hands(session, held, record, approver, cancel):
 def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_delta=None,
            cancel=None, approver=None):
     """Reopen an agent session on its surviving stack: rebuild the conversation from the
-    transcript, deliver the note as the next user turn, continue."""
+    transcript, deliver the note as the next user turn, continue. The key is the session
+    owner's (meta "owner"; none: the CLI's resolution)."""
     session = get_session(sid)
     settings = session.meta.get("agent")
     if not settings or not T.exists(session.dir):
@@ -210,7 +220,7 @@ def resume(sid, note=None, *, headers=None, max_turns=None, on_event=None, on_de
                             "grant and can run nothing more")
     policy.hold(session.target, session.meta["grants"], sid=sid)   # before anything is recorded
     held = hands_ops.regrant(session)
-    ep = _recorded_endpoint(settings["endpoint"], headers)
+    ep = _recorded_endpoint(settings["endpoint"], headers, session.meta.get("owner"))
     cancel = cancel if isinstance(cancel, Cancel) else Cancel(cancel)
     with T.writer(session.dir, "resume"), _hands(session, held, None, approver, cancel) as \
             (hands, specs, started):
@@ -295,6 +305,12 @@ def _touched(session, layer):
                    if r.get("layer") == layer})
 
 
+def _check_owner(owner):
+    """None (the CLI), or an account name (ops.home.valid_user); anything else is refused."""
+    if owner is not None and not valid_user(owner):
+        raise UsageError(f"not an account name: {owner!r}")
+
+
 def _check_backend(mod, jail, net):
     if mod.NAME == "kernel":
         return
@@ -332,19 +348,22 @@ def transcript(sid):
     return T.read(session.dir)
 
 
-def keys_set(provider, key):
-    key_store.set(provider, key)
+def keys_set(provider, key, owner=None):
+    """Store (or, key None/"", remove) a provider key: the machine's, or an account's own."""
+    key_store.set(provider, key, owner)
 
 
-def keys_list():
-    return key_store.listing()
+def keys_list(owner=None):
+    """{provider: "own" | "env" | "store" | None}: where the key owner's sessions use comes
+    from ("own" only for an owner), never the key."""
+    return key_store.listing(owner)
 
 
 def models(provider=None, base_url=None, headers=None, api=None, azure_api_version=None,
-           script=None):
-    """What the endpoint serves right now: [{"id", "name"}]."""
+           script=None, owner=None):
+    """What the endpoint serves right now: [{"id", "name"}] (with owner's key, when one)."""
     ep = endpoint(provider, None, base_url, headers,
-                  {"api": api, "azure_api_version": azure_api_version}, script)
+                  {"api": api, "azure_api_version": azure_api_version}, script, owner=owner)
     try:
         return providers.get(ep.provider).list_models(ep)
     except ProviderError as exc:

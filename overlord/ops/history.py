@@ -8,6 +8,7 @@ from overlord.errors import OverlordError, UsageError
 from overlord.txn import history, locks, store
 from overlord.txn.session import remove_tree
 from overlord.ops.execute import _new_session_dir
+from overlord.ops.home import valid_user
 from overlord.ops.review import _require_layers, get_session
 from overlord.trust import audit
 
@@ -46,8 +47,12 @@ def rewind(sid, to):
         return dropped
 
 
-def fork(sid, at):
-    """A new pending session on the same snapshot holding a copy of the stack up to @at."""
+def fork(sid, at, owner=None):
+    """A new pending session on the same snapshot holding a copy of the stack up to @at.
+    owner: the account the fork is for (meta "owner"); None keeps the source's (a CLI
+    session's: none). A name that is not an account name is refused before anything is made."""
+    if owner is not None and not valid_user(owner):
+        raise UsageError(f"not an account name: {owner!r}")
     session = _open_session(sid, "fork")
     history.check_index(session, at, "--at")
     new = _new_session_dir()
@@ -68,11 +73,15 @@ def fork(sid, at):
         meta = {k: v for k, v in session.meta.items() if k not in FORK_DROPS}
         meta.update(sid=new, state="pending", created=time.time(), layers=session.meta["layers"][:at + 1],
                     forked_from={"sid": sid, "at": at}, pid=None)
+        if owner is not None:
+            meta["owner"] = owner
         store.save_meta(meta)
     except BaseException:
         remove_tree(store.session_dir(new))
         raise
-    audit.append("session.fork", sid=new, target=session.target, forked_from=sid, at=at)
+    whose = owner if owner is not None else session.meta.get("owner")
+    audit.append("session.fork", sid=new, target=session.target, forked_from=sid, at=at,
+                 **({} if whose is None else {"owner": whose}))
     return new
 
 

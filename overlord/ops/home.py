@@ -49,3 +49,23 @@ def user_dir(name):
     if os.path.dirname(path) != base:
         raise UsageError(f"not an account name: {name!r}")
     return path
+
+
+def ensure_user_dir(name):
+    """users/<name>/ (and users/), made mode 0700 when missing; returns its path. A name that is
+    not an account name is refused (user_dir); a symlink, a non-directory or another user's
+    directory there is refused (OverlordError) rather than written through."""
+    import os
+    import stat
+    from overlord.errors import OverlordError
+    where = user_dir(name)
+    store.ensure_home()
+    for d in (os.path.dirname(where), where):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OverlordError(f"refusing {d}: not a directory of yours")
+    return where

@@ -1,17 +1,22 @@
 """Memory as operations: what an agent is told in a folder, your notes, the journal, proposals.
 
-    memory_show(target)          {"text", "sha256", "sources"}: exactly what agent.memory.gather
-                                 gives a session opened on that folder now
-    memory_user()                {"path", "text", "bytes", "cap", "sha256", "exists"}
-    memory_user_set(text, by)    replace your notes (audit memory.edit)
-    memory_user_add(note, by)    append one note to them (audit memory.edit)
+    memory_show(target, owner)   {"text", "sha256", "sources"}: exactly what agent.memory.gather
+                                 gives a session opened on that folder now (by that owner)
+    memory_user(owner)           {"path", "text", "bytes", "cap", "sha256", "exists"}
+    memory_user_set(text, by, owner)   replace your notes (audit memory.edit)
+    memory_user_add(note, by, owner)   append one note to them (audit memory.edit)
     memory_journal(target)       the folder's journal entries, oldest first
     memory_proposals(sid)        the notes an agent proposed in a session, and their fate
-    memory_accept(sid, ids, all, by)   append proposals to your notes; the acceptance goes on
-                                 the session's transcript (memory_accepted) and the audit chain
-                                 (memory.accept)
+    memory_accept(sid, ids, all, by)   append proposals to the notes of the session's owner
+                                 (meta "owner"; none: OVERLORD_HOME/memory.md); the acceptance
+                                 goes on the session's transcript (memory_accepted) and the
+                                 audit chain (memory.accept)
 
-Your notes (OVERLORD_HOME/memory.md) change only here, by a person's act: each write is atomic
+owner (issue 15): an account's name -- its notes are OVERLORD_HOME/users/<owner>/memory.md --
+or None, the machine's OVERLORD_HOME/memory.md (the CLI's, as before accounts). A name that is
+not an account name is refused (ops.home.user_dir) before anything is read or written.
+
+Your notes (OVERLORD_HOME/memory.md, or an account's) change only here, by a person's act: each write is atomic
 (temp file + rename, mode 0600) under a lock, so an acceptance and an edit never interleave.
 `by` names who acted for the record ("cli:<os user>", "workspace"); the audit chain adds the
 OS user itself. Audit details carry digests and sizes, never a note's text.
@@ -26,6 +31,7 @@ from overlord.agent import memory as M
 from overlord.agent import transcript as T
 from overlord.errors import NotFound, UsageError
 from overlord.ops.grants import resolve_target
+from overlord.ops.home import ensure_user_dir
 from overlord.ops.review import get_session
 from overlord.trust import audit
 from overlord.txn import store
@@ -33,25 +39,27 @@ from overlord.txn import store
 LOCK = "memory.lock"
 
 
-def memory_show(target=None):
-    """What an agent session opened on target now would be told before message one."""
-    told = M.gather(resolve_target(target))
+def memory_show(target=None, owner=None):
+    """What an agent session opened on target now (by owner) would be told before message one."""
+    M.user_path(owner)                       # a hostile owner is refused first
+    told = M.gather(resolve_target(target), owner)
     return dict(told.record(), text=told.text)
 
 
 # -- your notes ------------------------------------------------------------------------------------
 
-def memory_user():
-    path = M.user_path()
-    got = _read_user()
+def memory_user(owner=None):
+    path = M.user_path(owner)
+    got = _read_user(owner)
     if got.warning:
         raise UsageError(got.warning)
     return {"path": path, "text": got.data.decode("utf-8", "replace"), "bytes": got.size,
             "cap": M.CAPS["user"], "sha256": got.sha256, "exists": got.sha256 is not None}
 
 
-def memory_user_set(text, by=None):
-    """Replace your notes with text (may be empty). Returns memory_user()."""
+def memory_user_set(text, by=None, owner=None):
+    """Replace your notes (owner's) with text (may be empty). Returns memory_user(owner)."""
+    M.user_path(owner)
     if not isinstance(text, str):
         raise UsageError("your notes must be text")
     data = _encode(text)
@@ -59,22 +67,30 @@ def memory_user_set(text, by=None):
         data += b"\n"
     audit.ready()
     with _locked():
-        _current()                 # a symlink or a non-file there is refused, not replaced
-        _write(data)
-        audit.append("memory.edit", how="set", sha256=_sha(data), bytes=len(data), by=by)
-    return memory_user()
+        _current(owner)            # a symlink or a non-file there is refused, not replaced
+        _write(data, owner)
+        audit.append("memory.edit", how="set", sha256=_sha(data), bytes=len(data), by=by,
+                     **_whose(owner))
+    return memory_user(owner)
 
 
-def memory_user_add(note, by=None):
-    """Append one note (a Markdown list item) to your notes. Returns memory_user()."""
+def memory_user_add(note, by=None, owner=None):
+    """Append one note (a Markdown list item) to your notes (owner's). Returns memory_user(owner)."""
+    M.user_path(owner)
     note = _check(note)
     audit.ready()
     with _locked():
-        data = _joined(_current(), M.as_item(note).encode("utf-8", "surrogatepass"))
-        _write(data)
+        data = _joined(_current(owner), M.as_item(note).encode("utf-8", "surrogatepass"))
+        _write(data, owner)
         audit.append("memory.edit", how="add", sha256=_sha(data), bytes=len(data),
-                     note_sha256=M.note_digest(note), by=by)
-    return memory_user()
+                     note_sha256=M.note_digest(note), by=by, **_whose(owner))
+    return memory_user(owner)
+
+
+def _whose(owner):
+    """The audit detail naming whose notes changed: only for an account (the CLI's lines stay
+    as they were)."""
+    return {} if owner is None else {"owner": owner}
 
 
 def _check(note):
@@ -93,16 +109,16 @@ def _encode(text):
     return text.encode("utf-8", "surrogateescape")
 
 
-def _read_user():
-    return M.read_notes(M.user_path(), 1 << 30, label="OVERLORD_HOME/memory.md")
+def _read_user(owner=None):
+    return M.read_notes(M.user_path(owner), 1 << 30, label=M.user_label(owner))
 
 
-def _current():
-    got = _read_user()
+def _current(owner=None):
+    got = _read_user(owner)
     if got.warning:
         raise UsageError(f"{got.warning}; fix it by hand first")
     if got.sha256 is not None and not got.whole:      # over 1 GiB: a rewrite would lose its head
-        raise UsageError(f"OVERLORD_HOME/memory.md is {got.size} bytes; fix it by hand first")
+        raise UsageError(f"{M.user_label(owner)} is {got.size} bytes; fix it by hand first")
     return got.data
 
 
@@ -112,9 +128,11 @@ def _joined(old, item):
     return old + item
 
 
-def _write(data):
+def _write(data, owner=None):
     store.ensure_home()
-    path = M.user_path()
+    if owner is not None:
+        ensure_user_dir(owner)
+    path = M.user_path(owner)
     tmp = f"{path}.tmp-{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
@@ -190,7 +208,9 @@ def memory_proposals(sid):
 
 
 def memory_accept(sid, ids=None, all=False, by=None):
-    """Append the chosen proposals to your notes. Returns one dict per proposal asked for:
+    """Append the chosen proposals to the notes of the session's owner (meta "owner": that
+    account's own; none, a CLI session: OVERLORD_HOME/memory.md) -- never anyone else's,
+    whoever accepts. Returns one dict per proposal asked for:
     {id, note, sha256, accepted (True: appended now), skipped (None, or why not)}.
     An id the session never proposed is a UsageError naming it, and nothing changes."""
     if all and ids:
@@ -205,6 +225,8 @@ def memory_accept(sid, ids=None, all=False, by=None):
 
 def _accept(session, ids, all, by):
     sid = session.sid
+    owner = session.meta.get("owner")
+    M.user_path(owner)              # a meta naming no account is refused, nothing written
     props = {p["id"]: p for p in _proposals(session, T.read(session.dir))}
     if all:
         if not props:
@@ -220,7 +242,7 @@ def _accept(session, ids, all, by):
             if n not in wanted:
                 wanted.append(n)
     out = []
-    data = _current()
+    data = _current(owner)
     fresh, added = [], b""
     for n in wanted:
         p = props[n]
@@ -239,14 +261,14 @@ def _accept(session, ids, all, by):
     if not fresh:
         return out
     new = _joined(data, added)
-    _write(new)
+    _write(new, owner)
     digest = _sha(added)
     store.append_jsonl(T.path(session.dir), [{
         "type": "memory_accepted", "at": round(time.time(), 3), "ids": fresh, "by": by,
         "sha256": digest, "bytes": len(added),
-        "notes": {str(n): props[n]["sha256"] for n in fresh}}])
+        "notes": {str(n): props[n]["sha256"] for n in fresh}, **_whose(owner)}])
     audit.append("memory.accept", sid=sid, target=session.target, ids=fresh,
-                 sha256=digest, bytes=len(added), by=by)
+                 sha256=digest, bytes=len(added), by=by, **_whose(owner))
     return out
 
 

@@ -3,9 +3,10 @@ import os
 import shlex
 import time
 
-from overlord.errors import OverlordError
+from overlord.errors import OverlordError, UsageError
 from overlord.ops.execute import _create_session, refuse_if_pending
 from overlord.ops.grants import _check_backend_grants
+from overlord.ops.home import valid_user
 from overlord.ops.review import get_session
 from overlord.sandbox import backends
 from overlord.text import escape_path
@@ -15,11 +16,15 @@ from overlord.txn import revert as txn_revert
 from overlord.txn.session import remove_tree
 
 
-def revert(sid, stack=False, backend=None, grants=None, policy_origin=None, broker=None):
+def revert(sid, stack=False, backend=None, grants=None, policy_origin=None, broker=None,
+           owner=None):
     """A new pending session whose one savepoint puts back what session sid replaced.
     Refused, staging nothing, if any path it touched changed again since. grants,
     policy_origin, broker: what the new session runs under and records (ops.Broker's; a
-    person's revert opens with none, as `overlord run` unasked)."""
+    person's revert opens with none, as `overlord run` unasked). owner: the account the new
+    session is for (meta "owner"); None keeps the reverted session's (a CLI session's: none)."""
+    if owner is not None and not valid_user(owner):
+        raise UsageError(f"not an account name: {owner!r}")
     session = get_session(sid)
     state = session.meta["state"]
     if state != "committed":
@@ -53,9 +58,13 @@ def revert(sid, stack=False, backend=None, grants=None, policy_origin=None, brok
             remove_tree(new.dir)
             raise
         new.meta.update(state="pending", exit_code=0, finished=time.time(), reverts=sid)
+        owner = owner if owner is not None else session.meta.get("owner")
+        if owner is not None:
+            new.meta["owner"] = owner
         if index is None:
             remove_tree(new.dir)
             raise OverlordError(f"nothing to revert: session {sid} changed nothing that is still there")
         new.save()
-    audit.append("session.revert", sid=new.sid, target=target, reverts=sid)
+    audit.append("session.revert", sid=new.sid, target=target, reverts=sid,
+                 **({} if owner is None else {"owner": owner}))
     return new.sid
