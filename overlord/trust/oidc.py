@@ -759,10 +759,12 @@ class Flows:
         conf = config()
         if conf is None:
             raise SSOError("single sign-on is not configured", http_status=404)
-        try:
-            check_url(redirect_uri, "redirect URI")
-        except UsageError as e:
-            raise SSOError(str(e), http_status=400) from None
+        # this server's own callback (the face builds it from its origin): an absolute http(s)
+        # URL; which ones are registered is the provider's check
+        parts = urllib.parse.urlsplit(redirect_uri) if isinstance(redirect_uri, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc \
+                or parts.fragment or not _PRINTABLE.match(redirect_uri):
+            raise SSOError("the redirect URI must be an absolute http(s) URL", http_status=400)
         if not isinstance(next_path, str) or not next_path.startswith("/") \
                 or next_path.startswith("//") or "\\" in next_path:
             next_path = "/"
