@@ -11,6 +11,7 @@ import html
 import os
 import re
 import time
+import urllib.parse
 
 from overlord.text import escape_path, is_exact
 
@@ -19,8 +20,15 @@ TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf
          ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png",
          ".ico": "image/x-icon"}
 SLOT = re.compile(r"\{\{\{(\w+)\}\}\}|\{\{(asset:[\w.-]+|\w+)\}\}")
-TEMPLATES = ("workspace.html", "console.html", "register-row.html", "unauthorized.html")
+TEMPLATES = ("workspace.html", "console.html", "register-row.html", "unauthorized.html",
+             "signin.html")
 STATE_LABELS = {"rolled-back": "rolled back", "timed-out": "timed out"}    # as common.js's stateLabel
+# the sign-in page's error line: a known code only (the page never echoes text from the URL)
+SIGNIN_ERRORS = {"1": "That name and password do not match. Try again.",
+                 "locked": "Too many failed sign-ins: wait a minute, then try again.",
+                 "sso": "Single sign-on did not complete. Try again, or use your name and password.",
+                 "expired": "Your sign-in has ended. Sign in again."}
+SIGNIN_GENERIC = "Sign-in failed. Try again."
 
 
 class Asset:
@@ -53,6 +61,9 @@ class Pages:
         return self.assets.get(name)
 
     def render(self, template, nonce, **slots):
+        if template == "signin.html" and "error_hidden" not in slots:
+            slots = signin_slots(**slots)      # plain values in; a caller's own slots stay as given
+
         def fill(m):
             raw, name = m.group(1), m.group(2)
             if raw:
@@ -75,6 +86,31 @@ class Pages:
                                    target=r.get("target") or "", layers=r.get("layers", 0),
                                    kind="chat" if r.get("chat") else "command"))
         return "".join(out)
+
+
+def local_path(value, default="/"):
+    """`value` when it is a path on this server ("/..." but not "//host" or "/\\host"), else
+    `default`: where a sign-in may send the browser next (never another site)."""
+    if not isinstance(value, str) or not value.startswith("/") or value.startswith("//"):
+        return default
+    if "\\" in value or any(ord(c) < 0x20 or ord(c) == 0x7f for c in value) or len(value) > 2000:
+        return default
+    return value
+
+
+def signin_slots(next="/", error=None, sso=False, **rest):
+    """The sign-in page's slots from plain values: `next` (the path to go to after signing in;
+    anything but a local path becomes "/"), `error` (None/False, or a code: True/"1" a wrong
+    name or password, "locked", "sso", "expired"; any other value a generic line), `sso`
+    (True when single sign-on is configured: the button shows). The page's script also reads
+    ?next= and ?error= and asks GET /api/whoami for "sso", so a plain render still works."""
+    target = local_path(next)
+    code = "1" if error is True else str(error) if error not in (None, False, "", 0) else ""
+    code = code if code in SIGNIN_ERRORS or not code else "other"
+    text = SIGNIN_ERRORS.get(code, SIGNIN_GENERIC) if code else ""
+    return dict(rest, next=target, error_code=code, error_text=text,
+                error_hidden="" if code else " hidden", sso_hidden="" if sso else " hidden",
+                sso_href="/sso/start?" + urllib.parse.urlencode({"next": target}))
 
 
 def _when(stamp):

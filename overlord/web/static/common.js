@@ -48,6 +48,13 @@ const OV = (() => {
     const res = await fetch(path, init);
     let data = null;
     try { data = await res.json(); } catch (e) { data = null; }
+    if (res.status === 401 && method === "GET" && OV.signedIn) {
+      /* signed in a moment ago, not any more (signed out elsewhere, a password or role change,
+         an idle expiry): back to the sign-in page, and here again after it */
+      OV.signedIn = false;
+      const next = location.pathname + location.search + location.hash;
+      location.assign(`/login?${new URLSearchParams({error: "expired", next})}`);
+    }
     if (!res.ok) throw new ApiError(res.status, data);
     return data;
   }
@@ -374,7 +381,7 @@ const OV = (() => {
       reviews.length ? h("ol", {class: "verdicts", "aria-label": "second-model verdicts, newest first"}, reviews.map(verdictView)) : null);
   }
 
-  return {h, append, clear, api, ApiError, markdown, inline, kindBadge, fileDiff, diffBody, delta,
+  return {signedIn: false, h, append, clear, api, ApiError, markdown, inline, kindBadge, fileDiff, diffBody, delta,
           metaNotes, privilegeText, causeText, short, ago, stateLabel, SID_RE, gateView, verdictView,
           countersignPanel};
 })();

@@ -179,7 +179,7 @@
   function chain(d) {
     const points = d.savepoints;
     if (!points.length) return h("p", {class: "muted"}, "No savepoints.");
-    const staged = d.staged && !d.running;
+    const staged = d.staged && !d.running && ACCOUNTS.mayChange(d.meta);
     const table = h("table", {class: "ledger chain"},
       h("thead", {}, h("tr", {}, staged ? h("th", {}, "Keep") : null, h("th", {}, "@"), h("th", {}, "Cause"),
         h("th", {}, "Changed"), staged ? h("th", {class: "actions"}, "") : null)),
@@ -239,11 +239,15 @@
       const signed = m.clearance && m.clearance.countersigned;
       if (signed) parts.push(` Countersigned by review #${signed.review} (${signed.reviewer}).`);
       if (m.clearance && m.clearance.overrode_rejection) parts.push(` Committed over the rejection of review #${m.clearance.overrode_rejection}.`);
-      return [h("p", {class: "decided"}, parts.join("")), revertBlock(d)];
+      return [h("p", {class: "decided"}, parts.join("")), ACCOUNTS.mayChange(m) ? revertBlock(d) : null];
     }
     if (m.state === "rolled-back") return h("p", {class: "decided voided"}, `Discarded (rolled back) ${when(m.rolled_back)}. Nothing was written.`);
     if (m.state === "unchanged") return h("p", {class: "decided voided"}, "Unchanged: the session changed nothing, so there is nothing to commit or discard.");
     if (d.running) return h("p", {class: "muted"}, "The agent is working in this session; stop it in the workspace first.");
+    if (!ACCOUNTS.mayChange(m)) {
+      return [h("div", {class: "gate-block"}, h("h4", {class: "gate-title"}, "Content gate"), gateView(d.checks)),
+              h("p", {class: "muted read-only-note"}, "Not decided yet. You may only read this session: its owner or an admin commits or discards it.")];
+    }
     const message = h("div", {class: "refusal doc-message", role: "alert", hidden: true});
     const force = h("input", {type: "checkbox", id: "force"});
     const forceWords = h("span", {}, " commit over outside changes (--force)");
@@ -468,8 +472,14 @@
   });
 
   paper.setAttribute("tabindex", "-1");
-  const first = location.hash.slice(1);
-  if (first === "audit") showAudit();
-  else if (SID_RE.test(first)) show(first);
-  else if (rows().length) show(rows()[0].dataset.sid);
+  /* who is signed in first (with accounts on, what they may change shapes the dossier) */
+  ACCOUNTS.load().then((me) => {
+    ACCOUNTS.topbar(document.querySelector(".topnav"));
+    /* the audit log: admins and viewers (an operator reads their own sessions' dossiers) */
+    if (me.accounts && me.role === "operator") $("audit-link").hidden = true;
+    const first = location.hash.slice(1);
+    if (first === "audit") showAudit();
+    else if (SID_RE.test(first)) show(first);
+    else if (rows().length) show(rows()[0].dataset.sid);
+  });
 })();

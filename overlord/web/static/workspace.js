@@ -27,7 +27,7 @@
   };
 
   const state = {settings: null, chats: [], sid: null, chat: null, source: null, running: false,
-                 session: null, inspectorTimer: null, listTimer: null};
+                 session: null, inspectorTimer: null, listTimer: null, detail: null};
 
   /* a call's input as the approval card prints it: pretty JSON, as text */
   function inputText(value) {
@@ -399,12 +399,14 @@
     if (state.source) { state.source.close(); state.source = null; }
     state.sid = sid;
     state.chat = null;
+    state.detail = null;
     view.reset();
     welcome.hidden = !!sid;
     hideError();
     if (sid) {
       if (location.hash !== `#${sid}`) history.replaceState(null, "", `#${sid}`);
       listen(sid);
+      if (ACCOUNTS.me.accounts) mayWriteOf(sid);
     } else {
       history.replaceState(null, "", "/");
       for (const box of document.querySelectorAll("#connector-boxes input")) box.checked = false;
@@ -414,6 +416,17 @@
     }
     for (const b of document.querySelectorAll(".chat-item")) b.setAttribute("aria-current", b.dataset.sid === sid ? "true" : "false");
     refreshInspector();
+  }
+
+  /* with accounts on: the chat detail's `may_write` (the server's word on this conversation) */
+  async function mayWriteOf(sid) {
+    let d;
+    try { d = await api("GET", `/api/chats/${sid}`); } catch (e) { return; }
+    if (sid !== state.sid) return;
+    state.detail = {may_write: typeof d.may_write === "boolean" ? d.may_write
+                      : d.chat && typeof d.chat.may_write === "boolean" ? d.chat.may_write : undefined};
+    if (state.chat) composerFor(state.chat);
+    if (state.session) decidePanel(state.session);
   }
 
   function listen(sid) {
@@ -470,13 +483,31 @@
     return `${prof.model || "no model chosen"} \u00b7 ${s.labels[s.provider]}`;
   }
 
+  /* may this person write here? (accounts off: always) */
+  function writable(chat) {
+    return chat ? ACCOUNTS.mayWrite(state.detail, chat) : ACCOUNTS.mayStart();
+  }
+
   function composerFor(chat) {
     const note = $("composer-note");
     const closed = chat && !OPEN.includes(chat.state);
-    prompt.disabled = !!closed;
-    $("send").disabled = !!closed;
+    const readOnly = !writable(chat);
+    prompt.disabled = !!closed || readOnly;
+    $("send").disabled = !!closed || readOnly;
+    $("composer").classList.toggle("read-only", readOnly);
+    app.classList.toggle("read-only", readOnly);            /* no Allow / Deny, no Save on a card */
+    note.classList.toggle("read-only-note", readOnly);
+    prompt.placeholder = readOnly ? (chat ? "Read-only: you may only read this conversation" : "Read-only: viewers start no conversations")
+      : "Message the agent";
     clear(note);
-    note.hidden = !closed;
+    note.hidden = !closed && !readOnly;
+    if (readOnly) {
+      const me = ACCOUNTS.me;
+      note.append(chat ? `You may only read this conversation: as ${me.role === "viewer" ? "a viewer" : me.name} you can follow it, not write in it, commit or discard it.`
+        : "You may only read here: as a viewer you can open every conversation, but not start one.");
+      if (closed) note.append(" ", chat.state === "committed" ? h("a", {href: `/console#${chat.sid}`}, "Open its dossier in the console") : "");
+      return;
+    }
     if (closed) {
       OV.append(note, [chat.state === "committed"
         ? ["This conversation was committed. ", h("a", {href: `/console#${chat.sid}`}, "Open its dossier in the console"), "."]
@@ -704,13 +735,16 @@
     const decided = $("decided");
     clear(decided);
     decided.className = "decided";
-    const open = d.staged;
+    const mine = ACCOUNTS.mayChange(d.meta) && (!state.chat || writable(state.chat));
+    const open = d.staged && mine;
     $("decide-row").hidden = !open;
     $("countersigned-label").hidden = !open;
     $("confirm-discard").hidden = true;
     if (!open) $("refusal").hidden = true;
     decided.hidden = open;
-    if (state_ === "committed") {
+    if (d.staged && !mine) {
+      decided.append("Not decided yet. You may only read this session: its owner or an admin commits or discards it.");
+    } else if (state_ === "committed") {
       const left = d.dropped && d.dropped.length ? ` ${d.dropped.length} change${d.dropped.length === 1 ? " was" : "s were"} left out.` : "";
       decided.append(`Committed to ${d.meta.target}.${left} `, h("a", {href: `/console#${d.meta.sid}`}, "Open the dossier"));
     } else if (state_ === "rolled-back") {
@@ -865,6 +899,7 @@
     fillConnectors();
     fillMemory();
     fillSkills();
+    ACCOUNTS.fillSettings();
     if (!dialog.open) dialog.showModal();
     loadModels();
     loadCsModels();
@@ -985,7 +1020,7 @@
   function skillRow(k) {
     const project = k.source === "project";
     const show = h("button", {class: "button ghost small", type: "button"}, "Show");
-    const remove = !project ? h("button", {class: "button ghost danger-text small", type: "button"}, "Remove") : null;
+    const remove = !project ? h("button", {class: "button ghost danger-text small admin-only", type: "button"}, "Remove") : null;
     const confirm = h("span", {class: "skill-confirm small", hidden: true});
     const row = h("li", {class: `skill-row${k.shadowed ? " shadowed" : ""}${k.allowed === false ? " not-allowed" : ""}`,
                          dataset: {skill: k.name, source: project ? "project" : "machine"}},
@@ -1332,7 +1367,7 @@
     if (SID_RE.test(sid) && sid !== state.sid) select(sid);
   });
 
-  loadSettings().then(() => {
+  ACCOUNTS.load().then(() => { ACCOUNTS.rail(); return loadSettings(); }).then(() => {
     const sid = location.hash.slice(1);
     select(SID_RE.test(sid) ? sid : null);
     loadChats();
