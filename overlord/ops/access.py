@@ -1,12 +1,15 @@
-"""The launch token that proves the operator, and the guard every request to a loopback HTTP
-face passes (`overlord ui`, `overlord mcp serve --http`): one credential, one set of checks,
-shared by the faces that serve HTTP (see overlord/web/security.py for why each check exists).
+"""The launch token that proves the operator, and the guard every request to an HTTP face
+passes (`overlord ui`, `overlord mcp serve --http`): one credential, one set of checks, shared
+by the faces that serve HTTP (see overlord/web/security.py for why each check exists). The
+guard also knows the names the server answers to (`overlord ui --host`), whether it speaks TLS,
+and so how its cookies are named and flagged (`__Host-`, Secure).
 Standard library only and light: a face imports it at start-up.
 """
 import hashlib
 import hmac
 import http.cookies
 import os
+import re
 import secrets
 
 COOKIE = "overlord_ui"
@@ -46,33 +49,90 @@ def load_token(home):
     return token
 
 
-class Guard:
-    """The checks every request passes, for a server bound to host:port with a token."""
+def host_port(host, port):
+    """How a Host header names host:port (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def __init__(self, token, host, port):
+
+# A name for --host: a DNS name (letters, digits, dashes, dots) or an IP address.
+_LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_DNS = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
+
+
+def check_name(name):
+    """`name` lower-cased when it is a host name or an IP address, else None."""
+    import ipaddress
+    if not isinstance(name, str) or not name or len(name) > 253:
+        return None
+    name = name.lower().rstrip(".") if name.endswith(".") and len(name) > 1 else name.lower()
+    try:
+        return str(ipaddress.ip_address(name.strip("[]")))
+    except ValueError:
+        pass
+    return name if _DNS.match(name) else None
+
+
+class Guard:
+    """The checks every request passes, for a server bound to host:port with a token.
+
+    `names` (`overlord ui --host NAME`, repeatable) are the names clients use: the Host header
+    must be one of them or the bound address (with the port; the bare name when the port is the
+    scheme's default), and an Origin must be the scheme and one of those. Under `tls` the
+    origins are https://, and cookies are `Secure` with a `__Host-` name."""
+
+    def __init__(self, token, host, port, tls=False, names=()):
         self.token = token
         self.cookie_value = hmac.new(token.encode(), b"overlord ui cookie", hashlib.sha256).hexdigest()
         self.port = port
-        self.hosts = {f"{host}:{port}"}
-        self.origin = f"http://{host}:{port}"
+        self.tls = bool(tls)
+        self.scheme = "https" if self.tls else "http"
+        default = 443 if self.tls else 80
+        wildcard = host in ("0.0.0.0", "::")
+        named = list(dict.fromkeys(n.lower() for n in names))
+        if not wildcard:
+            named.append(host)
+        named = list(dict.fromkeys(named))
+        self.names = tuple(named)
+        self.hosts = set()
+        for name in named:
+            self.hosts.add(host_port(name, port))
+            if port == default:
+                self.hosts.add(f"[{name}]" if ":" in name else name)
+        self.origins = {f"{self.scheme}://{h}" for h in self.hosts}
+        # the origin the faces name (the launch link's, and what a refusal says may ask)
+        first = named[0] if named else host
+        bare = f"[{first}]" if ":" in first else first
+        self.origin = f"{self.scheme}://" + (bare if port == default else host_port(first, port))
 
     def host_ok(self, headers):
-        return headers.get("Host", "") in self.hosts
+        return headers.get("Host", "").lower() in self.hosts
 
     def token_ok(self, value):
         return isinstance(value, str) and hmac.compare_digest(value.encode(), self.token.encode())
+
+    def cookie_name(self, base):
+        """The name a cookie goes by: `__Host-base` under TLS (the browser then holds it to
+        Secure, Path=/ and this very host), `base` otherwise."""
+        return f"__Host-{base}" if self.tls and not base.startswith("__Host-") else base
+
+    def cookie(self, name, value, max_age):
+        """The Set-Cookie value for cookie `name` (HttpOnly, SameSite=Strict, Path=/, and under
+        TLS Secure with the `__Host-` name); max_age 0 clears it."""
+        out = f"{self.cookie_name(name)}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={int(max_age)}"
+        return out + "; Secure" if self.tls else out
 
     def principal(self, headers):
         """'bearer', 'cookie' or None: how the request proved it comes from the operator."""
         auth = headers.get("Authorization", "")
         if auth.startswith("Bearer ") and self.token_ok(auth[7:].strip()):
             return "bearer"
+        name = self.cookie_name(COOKIE)
         for raw in headers.get_all("Cookie") or ():
             try:
                 jar = http.cookies.SimpleCookie(raw)
             except http.cookies.CookieError:
                 continue
-            morsel = jar.get(COOKIE)
+            morsel = jar.get(name)
             if morsel is not None and hmac.compare_digest(morsel.value.encode(),
                                                           self.cookie_value.encode()):
                 return "cookie"
@@ -82,7 +142,7 @@ class Guard:
         """Why this request must be refused as coming from elsewhere, or None."""
         origin = headers.get("Origin")
         site = headers.get("Sec-Fetch-Site")
-        if origin is not None and origin != self.origin:
+        if origin is not None and origin.lower() not in self.origins:
             return f"requests from {origin[:80]} are refused; only {self.origin} may ask"
         if method in UNSAFE:
             if site is not None and site != "same-origin" and not (site == "none" and principal == "bearer"):
@@ -94,5 +154,5 @@ class Guard:
         return None
 
     def set_cookie(self):
-        return (f"{COOKIE}={self.cookie_value}; Path=/; HttpOnly; SameSite=Strict; "
-                "Max-Age=2592000")
+        return self.cookie(COOKIE, self.cookie_value, 2592000)
+

@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import urllib.parse
 
@@ -25,7 +26,7 @@ from overlord import ops
 from overlord.errors import OverlordError, UsageError
 from overlord.ops import execute
 from overlord.ops import launcher
-from overlord.web import api, pages, security
+from overlord.web import api, pages, security, transport
 from overlord.web import settings as S
 from overlord.web.chats import Chats
 from overlord.web.reviews import Reviews
@@ -103,13 +104,25 @@ class Server(http.server.ThreadingHTTPServer):
     request_queue_size = 128
     allow_reuse_address = True
 
-    def __init__(self, address, app):
-        self.app = app
+    def __init__(self, address, app, tls=None, limiter=None, log_json=False):
+        """tls: an ssl.SSLContext (transport.context) or None; limiter: a
+        transport.RateLimiter or None; log_json: one JSON line a request on stderr."""
+        self.app, self.tls, self.limiter, self.log_json = app, tls, limiter, log_json
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
 
+    def get_request(self):
+        """Accept; under TLS wrap the socket without a handshake (the handler thread does it)."""
+        sock, address = super().get_request()
+        if self.tls is not None:
+            sock = transport.wrap(self.tls, sock)
+        return sock, address
+
     def handle_error(self, request, client_address):
-        """A browser dropping a keep-alive connection is not an error worth a traceback."""
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+        """A browser dropping a keep-alive connection, a failed or abandoned TLS handshake (a
+        plain-HTTP probe at the TLS port): not an error worth a traceback."""
+        if transport.quiet(sys.exc_info()[1]):
             return
         super().handle_error(request, client_address)
 
@@ -124,7 +137,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def app(self):
         return self.server.app
 
+    who = None                     # who the request is from, for --log-json (route() sets it)
+    retry_after = None             # a 429's Retry-After seconds (fail() sets it)
+
     def setup(self):
+        if getattr(self.server, "tls", None) is not None:
+            transport.handshake(self.request)    # here, in this connection's thread; Shrugged
         super().setup()
         # an answer, or an event of a stream, leaves at once: with Nagle's algorithm a second
         # small write waits for the client's delayed ACK (40 ms, on a keep-alive connection)
@@ -132,6 +150,30 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def version_string(self):
         return self.server_version
+
+    def parse_request(self):
+        self.began, self.who, self.retry_after = time.monotonic(), None, None
+        return super().parse_request()
+
+    def log_request(self, code="-", size="-"):
+        """--log-json: one JSON line a request (overlord/web/transport.py says what it holds)."""
+        if not getattr(self.server, "log_json", False):
+            return super().log_request(code, size)
+        guard = self.app.guard if getattr(self.server, "app", None) else None
+        began = getattr(self, "began", None)
+        transport.log_json(sys.stderr, self.who, getattr(self, "command", None),
+                           getattr(self, "path", None), int(code) if code != "-" else None,
+                           (time.monotonic() - began) * 1000 if began else 0.0,
+                           (guard.token, guard.cookie_value) if guard else ())
+
+    def rate_limit(self):
+        """The per-address rate limit (--rate-limit): a 429 with Retry-After when it is spent."""
+        limiter = getattr(self.server, "limiter", None)
+        retry = limiter.check(self.client_address[0]) if limiter is not None else None
+        if retry:
+            self.close_if_body()
+            raise HTTPError(429, f"too many requests from this address; try again in {retry} s",
+                            retry_after=retry)
 
     def log_message(self, fmt, *args):
         """OVERLORD_UI_LOG: one line a request, with the launch token and credentials redacted
@@ -163,6 +205,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         begun (a status line and headers buffered, not sent) is thrown away first, so the
         client always gets one whole answer -- never a hang, never half an answer."""
         self._headers_buffer = []
+        self.retry_after = getattr(exc, "retry_after", None) or (
+            exc.extra.get("retry_after") if isinstance(exc, HTTPError) else None)
         if isinstance(exc, (BrokenPipeError, ConnectionResetError, TimeoutError)):
             self.close_connection = True
         elif isinstance(exc, HTTPError):
@@ -181,6 +225,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_json(500, {"error": "internal error (the server's log has the details)"})
 
     def route(self):
+        self.rate_limit()
         guard = self.app.guard
         if not guard.host_ok(self.headers):
             raise HTTPError(421, "this server answers only to " + guard.origin)
@@ -379,6 +424,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         for name, value in security.headers(nonce) + extra:
             self.send_header(name, value)
+        if getattr(self.server, "tls", None) is not None:
+            self.send_header(*transport.HSTS)
+        if status == 429 and self.retry_after:
+            self.send_header("Retry-After", str(int(self.retry_after)))
         self.send_header("Cache-Control", cache)
 
     def finish_body(self, data, ctype):
@@ -439,13 +488,39 @@ class Blob:
 
 # -- start-up ------------------------------------------------------------------------------------
 
-def serve(port=7777, host="127.0.0.1", folder=None, out=None):
-    """Fork the launcher, bind, print the launch link, serve until interrupted."""
+def serve(port=7777, host="127.0.0.1", folder=None, out=None, tls_cert=None, tls_key=None,
+          names=(), log_json=False, rate_limit=3000):
+    """Check the bind, fork the launcher, bind, print the launch link, serve until interrupted.
+
+    Beyond loopback (a bind not 127.0.0.0/8 or ::1) the server starts only with accounts and
+    TLS (tls_cert and tls_key); `names` (--host) are the names clients use (the Host check's
+    allowlist, the first one in the printed link)."""
+    from overlord.ops import access, auth
     out = out or sys.stdout
-    if host not in ("127.0.0.1",):
-        raise UsageError("overlord ui binds 127.0.0.1 only")
+    host = transport.check_bind(host)
     if not 0 <= port <= 65535:
         raise UsageError("--port takes a number from 0 to 65535")
+    if not isinstance(rate_limit, int) or rate_limit < 0:
+        raise UsageError("--rate-limit takes a number of requests a minute per address (0: no limit)")
+    checked = []
+    for name in names:
+        good = access.check_name(name)
+        if good is None:
+            raise UsageError(f"--host takes a host name or an IP address, not {str(name)[:80]!r}")
+        checked.append(good)
+    if (tls_cert is None) != (tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together: give both")
+    tls = tls_cert is not None
+    accounts = auth.enabled()
+    if not transport.is_loopback(host):
+        missing = ([] if accounts else ["accounts (overlord users add NAME --role admin)"]) + \
+                  ([] if tls else ["TLS (--tls-cert F --tls-key F; overlord tls selfsign makes them)"])
+        if missing:
+            raise UsageError(f"--bind {host} is beyond loopback: it needs " + " and ".join(missing))
+        if host in ("0.0.0.0", "::") and not checked:
+            raise UsageError(f"--bind {host} answers on every address: name the host clients use "
+                             "with --host NAME (the Host check allows only those)")
+    ctx = transport.context(tls_cert, tls_key) if tls else None
     client = launcher.start()              # before any thread exists
     httpd = None
     try:
@@ -456,12 +531,17 @@ def serve(port=7777, host="127.0.0.1", folder=None, out=None):
         backends = {name: {"available": ok, "reason": why} for name, (ok, why) in
                     ops.doctor().backends.items()}
         try:
-            httpd = Server((host, port), None)
+            httpd = Server((host, port), None, tls=ctx, limiter=transport.RateLimiter(rate_limit),
+                           log_json=log_json)
         except OSError as exc:
-            raise OverlordError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+            raise OverlordError(f"cannot listen on {access.host_port(host, port)}: {exc.strerror}") from None
         bound = httpd.server_address[1]
-        httpd.app = App(security.Guard(token, host, bound), store, backends)
-        print(f"overlord ui: http://{host}:{bound}/?token={token}", file=out, flush=True)
+        guard = security.Guard(token, host, bound, tls=tls, names=checked)
+        httpd.app = App(guard, store, backends)
+        if accounts:           # the launch token alone no longer signs anyone in
+            print(f"overlord ui: {guard.origin}/ (sign in with your account)", file=out, flush=True)
+        else:
+            print(f"overlord ui: {guard.origin}/?token={token}", file=out, flush=True)
         print("  the workspace is /, the console /console; Ctrl-C stops the server", file=out, flush=True)
 
         if os.environ.get("OVERLORD_UI_LOG"):

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import select
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,6 +26,8 @@ from conftest import require_backend, tree  # noqa: E402,F401 -- tree re-exporte
 from fakes import KEY, AnthropicFake, ChatFake, GeminiFake, ResponsesFake, sse_text  # noqa: E402,F401
 
 URL_RE = re.compile(r"(http://127\.0\.0\.1:(\d+))/\?token=([0-9a-f]+)")
+# any link `overlord ui` prints: https under TLS, a --host name, no token once accounts exist
+LINK_RE = re.compile(r"overlord ui: ((https?)://(\[[0-9a-f:.]+\]|[^/:\s\[\]]+):(\d+))/(?:\?token=([0-9a-f]+))?")
 ENV = {"OVERLORD_RETRY_SCALE": "0", "OVERLORD_PROVIDER_RETRIES": "1", "OVERLORD_PROVIDER_TIMEOUT": "30",
        "http_proxy": "", "https_proxy": "", "HTTP_PROXY": "", "HTTPS_PROXY": "", "no_proxy": "*",
        "ANTHROPIC_API_KEY": "", "OPENAI_API_KEY": "", "AZURE_OPENAI_API_KEY": "", "GEMINI_API_KEY": "",
@@ -50,21 +54,29 @@ class Reply:
 class UI:
     """One `overlord ui` process and a client for it."""
 
-    def __init__(self, home, folder, env=None, port=0):
+    def __init__(self, home, folder, env=None, port=0, args=(), cafile=None):
+        """args: more `overlord ui` arguments (--tls-cert F --tls-key F --host NAME ...);
+        cafile: the certificate a TLS client trusts (default OVERLORD_HOME/tls/cert.pem)."""
         self.home, self.folder = str(home), str(folder)
         full = dict(os.environ, OVERLORD_HOME=self.home, PYTHONPATH=REPO, **ENV)
         full.update(env or {})
         self.log = os.path.join(self.home, f"ui-{time.monotonic_ns()}.log")
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "overlord", "ui", "--port", str(port),
-                                          "--folder", self.folder], env=full, cwd=self.folder,
+                                          "--folder", self.folder, *map(str, args)], env=full, cwd=self.folder,
                                          stdout=subprocess.PIPE, stderr=err)
         line = self._first_line(30)
-        m = URL_RE.search(line)
+        m = LINK_RE.search(line)
         assert m, f"no launch link in {line!r}: {self.stderr()!r}"
-        self.base, self.port, self.token = m.group(1), int(m.group(2)), m.group(3)
-        self.link = m.group(0)
-        self.host = f"127.0.0.1:{self.port}"
+        self.base, self.scheme, self.name, self.port = m.group(1), m.group(2), m.group(3), int(m.group(4))
+        self.link = self.base + "/" + (f"?token={m.group(5)}" if m.group(5) else "")
+        # the launch token (in the link only while there are no accounts)
+        self.token = m.group(5) or open(os.path.join(self.home, "ui.token")).read().strip()
+        self.host = f"{self.name}:{self.port}"
+        self.tls = self.scheme == "https"
+        self.cafile = str(cafile) if cafile else os.path.join(self.home, "tls", "cert.pem")
+        bare = self.name.strip("[]")
+        self.address = bare if re.fullmatch(r"[0-9.]+|[0-9a-f:.]*:[0-9a-f:.]*", bare) else "127.0.0.1"
 
     def _first_line(self, timeout):
         deadline = time.monotonic() + timeout
@@ -100,6 +112,8 @@ class UI:
     # -- requests ----------------------------------------------------------------------------
 
     def conn(self, timeout=30):
+        if self.tls:
+            return TLSConnection(self.address, self.name.strip("[]"), self.port, self.cafile, timeout)
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
     def request(self, method, path, body=None, headers=None, auth=True, raw=None, conn=None):
@@ -166,6 +180,19 @@ class UI:
             return ev.until(lambda name, data: name == "state" and not data["running"]
                             or name == "snapshot" and not data["running"] and data["records"]
                             and data["records"][-1]["type"] == "done")
+
+
+class TLSConnection(http.client.HTTPSConnection):
+    """HTTPS to `address` (127.0.0.1) verifying the certificate for `name` (the --host name the
+    certificate is for, which need not resolve), trusting `cafile` only."""
+
+    def __init__(self, address, name, port, cafile, timeout=30):
+        super().__init__(name, port, timeout=timeout, context=ssl.create_default_context(cafile=cafile))
+        self.address = address
+
+    def connect(self):
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
 
 
 class Events:
