@@ -9,6 +9,13 @@ from overlord.trust import audit, witness
 from overlord.txn import store
 
 
+def acting_as(who):
+    """`with acting_as("account:<name>"):` -- the audit lines appended within the block (this
+    thread, and what it hands its context to: the launcher's worker too) name that account as
+    their actor; None keeps the OS user (overlord.trust.audit.acting_as, for the faces)."""
+    return audit.acting_as(who)
+
+
 def read_pin(path):
     """A pin file's {seq, hash}; anything else is a usage error naming the file."""
     try:

@@ -1,7 +1,9 @@
 """The JSON API: the same calls the pages make and scripts make (with a Bearer token).
 
 Every function here takes the App and a Request and returns JSON-able data; it calls
-overlord.ops and nothing below it. Errors are OverlordError (their http_status: 400 for a
+overlord.ops and nothing below it. Who may call which is overlord/web/roles.py's, checked
+before these run; what a listing returns is filtered here to what the principal may see
+(req.principal), and the settings, keys and notes are the principal's own (app.settings_for). Errors are OverlordError (their http_status: 400 for a
 malformed request, 404 for what does not exist, 409 for a refusal) or settings.Invalid (400,
 naming the field).
 """
@@ -13,9 +15,10 @@ import threading
 
 from overlord import ops
 from overlord import text as T
-from overlord.errors import OverlordError, UsageError
+from overlord.errors import NotFound, OverlordError, UsageError
 from overlord.ops import mcp_config
 from overlord.ops import patch as diffs
+from overlord.web import roles as R
 from overlord.web import settings as S
 
 OPEN_STATES = ("pending", "timed-out")
@@ -24,7 +27,7 @@ PRIVILEGED_BODY = "allow_privileged_modes"
 META_KEYS = ("sid", "state", "target", "backend", "command", "created", "finished", "committed",
              "rolled_back", "exit_code", "grants", "enforcement", "trace", "forked_from", "audit",
              "interrupted", "forced", "merged", "committed_layers", "limit", "rewinds", "pinned",
-             "merge_base", "allowed_privileged", "reverts", "clearance", "connectors")
+             "merge_base", "allowed_privileged", "reverts", "clearance", "connectors", "owner")
 FORCE_OVERRIDES = "--force overrides"
 DRIFT_WORDS = {
     "modified-externally": "was changed outside OVERLORD after this session began",
@@ -43,15 +46,17 @@ DRIFT_WORDS = {
 # -- sessions (the console's register and dossier, the workspace's inspector) --------------------
 
 def sessions(app, req):
-    return {"sessions": register(app)}
+    return {"sessions": register(app, req.principal)}
 
 
-def register(app):
-    """The register: every session, newest first (concurrent requests share the reading)."""
+def register(app, principal=None):
+    """The register: every session the principal may see, newest first (concurrent requests
+    share the reading; each is filtered to its own principal)."""
     def read():
         metas = sorted(ops.sessions(), key=lambda m: (m.get("created") or 0, m["sid"]), reverse=True)
         return [session_row(m, app) for m in metas]
-    return _shared.run(("register",), read)
+    rows = _shared.run(("register",), read)
+    return rows if principal is None else R.visible(principal, rows)
 
 
 def session_row(meta, app):
@@ -61,7 +66,7 @@ def session_row(meta, app):
             "created": meta.get("created"), "exit_code": meta.get("exit_code"),
             "layers": len(meta.get("layers") or []), "chat": bool(agent),
             "model": agent.get("model"), "running": app.chats.running(meta["sid"]),
-            "grants": meta.get("grants")}
+            "grants": meta.get("grants"), "owner": meta.get("owner")}
 
 
 class Encoded(bytes):
@@ -132,11 +137,14 @@ _shared = Coalesce()
 
 
 def session(app, req, sid):
-    """The dossier, encoded; concurrent requests for one session share the work."""
-    return _shared.run(("dossier", sid), lambda: Encoded(encode(dossier(app, sid))))
+    """The dossier, encoded; concurrent requests for one session (by one account: its second
+    model is its own) share the work."""
+    store = app.settings_for(req.principal)
+    return _shared.run(("dossier", sid, R.owner_name(req.principal)),
+                       lambda: Encoded(encode(dossier(app, sid, store))))
 
 
-def dossier(app, sid):
+def dossier(app, sid, store=None):
     """The dossier: meta, the manifest (changes with before -> after hashes, causes and any
     metadata change in words), the savepoint chain, a unified diff per file (while staged, of
     the plan; once committed, of what the commit kept), the content gate's findings (`checks`,
@@ -174,7 +182,7 @@ def dossier(app, sid):
         "checks": _checks(sid) if staged else None,
         "reviews": _reviews(sid, meta, staged),
         "reviewing": app.reviews.status(sid),
-        "countersign": _countersign(app, meta),
+        "countersign": _countersign(store or app.settings, meta),
         "external": _external(sid),
         "git": _git(sid, changes if staged else None),
     }
@@ -238,9 +246,9 @@ def agent_model(meta):
     return f"{provider}:{agent.get('model')}" if provider and agent.get("model") else None
 
 
-def _countersign(app, meta):
+def _countersign(store, meta):
     """The second model Settings name, and whether it is this session's own agent model."""
-    who = S.reviewer(app.settings.load()["countersign"])
+    who = S.reviewer(store.load()["countersign"])
     agent = agent_model(meta)
     return {"reviewer": who, "agent": agent, "same_as_agent": bool(who and who == agent)}
 
@@ -359,13 +367,16 @@ def rewind(app, req, sid):
 
 
 def fork(app, req, sid):
+    """A new session from savepoint `at`, owned by whoever forked it (the launch token: the
+    source's owner)."""
     at = _index(req.body, "at")
-    return {"sid": ops.fork(sid, at), "from": sid, "at": at}
+    return {"sid": ops.fork(sid, at, owner=R.owner_name(req.principal)), "from": sid, "at": at}
 
 
 def revert(app, req, sid):
-    """Stage the undo of a committed session as a new pending session (ops.revert)."""
-    return {"sid": ops.revert(sid), "reverts": sid}
+    """Stage the undo of a committed session as a new pending session (ops.revert), owned by
+    whoever asked for it."""
+    return {"sid": ops.revert(sid, owner=R.owner_name(req.principal)), "reverts": sid}
 
 
 def check(app, req, sid):
@@ -388,7 +399,8 @@ def review(app, req, sid):
         raise OverlordError(f"cannot review session {sid}: it is {meta.get('state')}; only a "
                             "staged change can be reviewed")
     _not_running(app, sid, "review")
-    cs = app.settings.load()["countersign"]
+    store = app.settings_for(req.principal)
+    cs = store.load()["countersign"]
     who = S.reviewer(cs)
     if who is None:
         raise S.Invalid("cs_provider", "name the second model under Settings \u2192 "
@@ -400,7 +412,7 @@ def review(app, req, sid):
                             "\u2192 Countersignature (or tick \"review with the agent's own "
                             "model\", and the verdict will say so)")
     demo = cs["provider"] == S.DEMO
-    prof = app.settings.profile(cs["provider"])
+    prof = store.profile(cs["provider"])
     knobs = prof.get("knobs") or {}
 
     def call():
@@ -435,7 +447,23 @@ def blame(app, req):
             raise UsageError("path_b64 is not base64") from None
     if not path:
         raise UsageError("blame needs ?path=<a file inside a folder OVERLORD knows>")
-    return ops.blame(path)
+    return visible_blame(req.principal, ops.blame(path))
+
+
+def visible_blame(principal, sheet):
+    """The blame sheet with the lines of sessions the principal may not see dropped; a file
+    whose every session line is another's is as if it had no blame (404)."""
+    sids = {ln["owner"]["sid"] for ln in sheet.get("lines") or () if isinstance(ln.get("owner"), dict)}
+    if not sids:
+        return sheet
+    seen = {m["sid"] for m in R.visible(principal, [m for m in ops.sessions() if m["sid"] in sids])}
+    if seen == sids:
+        return sheet
+    if not seen:
+        raise NotFound(f"no blame for {sheet.get('path')}: no session you may see wrote it")
+    lines = [ln for ln in sheet["lines"]
+             if not isinstance(ln.get("owner"), dict) or ln["owner"]["sid"] in seen]
+    return dict(sheet, lines=lines, hidden=len(sheet["lines"]) - len(lines))
 
 
 def drift_words(exc):
@@ -470,27 +498,40 @@ def _index(body, name):
 
 # -- settings and models ------------------------------------------------------------------------------
 
+def _owner_kw(owner):
+    """owner=NAME for an account's call (its keys, its notes); nothing for the launch token
+    (the machine's, as before accounts)."""
+    return {"owner": owner} if owner else {}
+
+
 def get_settings(app, req):
-    data = app.settings.public(ops.keys_list())
+    """Your settings (an account's own ui.json) and where each provider's key comes from:
+    your own ("own"), the environment, or the machine's shared key ("store")."""
+    own = _owner_kw(R.owner_name(req.principal))
+    data = app.settings_for(req.principal).public(ops.keys_list(**own))
     data["backends"] = app.backends
     data["providers"] = list(S.PROVIDERS)
     return data
 
 
 def put_settings(app, req):
+    """Change your settings; a key given is stored as yours (an account's keys.json)."""
     if req.body is None:
         raise UsageError("send the settings to change as a JSON object")
-    for key in app.settings.update(req.body):
-        ops.keys_set(*key)
+    own = _owner_kw(R.owner_name(req.principal))
+    for key in app.settings_for(req.principal).update(req.body):
+        ops.keys_set(*key, **own)
     return get_settings(app, req)
 
 
 def models(app, req):
     """?provider=P[&base_url=U][&role=countersign]: the models the endpoint serves now. For
     the countersignature, its own endpoint and headers (and the demo's reviewer script)."""
-    cfg = app.settings.load()
+    store = app.settings_for(req.principal)
+    owner = R.owner_name(req.principal)
+    cfg = store.load()
     provider = req.query.get("provider") or cfg["provider"]
-    prof = dict(app.settings.profile(provider))
+    prof = dict(store.profile(provider))
     second = req.query.get("role") == "countersign"
     if second and cfg["countersign"]["provider"] == provider:
         prof.update(base_url=cfg["countersign"]["base_url"], headers=cfg["countersign"]["headers"])
@@ -502,22 +543,26 @@ def models(app, req):
         script = S.DEMO_REVIEW_SCRIPT if second else S.DEMO_SCRIPT
         return {"provider": provider, "models": ops.models(provider, script=script)}
     listed = ops.models(provider, base_url=base_url, headers=prof["headers"] or None,
-                        api=knobs.get("api"), azure_api_version=knobs.get("azure_api_version"))
+                        api=knobs.get("api"), azure_api_version=knobs.get("azure_api_version"),
+                        **_owner_kw(owner))
     return {"provider": provider, "models": listed}
 
 
 # -- conversations ------------------------------------------------------------------------------------
 
 def chats(app, req):
-    return {"chats": app.chats.listing()}
+    return {"chats": app.chats.listing(req.principal)}
 
 
 def start_chat(app, req):
-    return app.chats.start(req.body or {})
+    """A new conversation with your settings, owned by you (its keys and notes are yours)."""
+    return app.chats.start(req.body or {}, app.settings_for(req.principal),
+                           R.owner_name(req.principal))
 
 
 def chat(app, req, sid):
-    return app.chats.detail(sid)
+    """A conversation, and whether this principal may write in it (`may_write`)."""
+    return app.chats.detail(sid, req.principal)
 
 
 def chat_message(app, req, sid):
@@ -531,7 +576,7 @@ def chat_cancel(app, req, sid):
 def chat_approval(app, req, sid):
     """{call, fingerprint, allow}: decide the call waiting at the approval gate (409 when
     nothing waits, when it names another call, or when that call was decided already)."""
-    return app.chats.decide(sid, req.body or {})
+    return app.chats.decide(sid, req.body or {}, who=R.owner_name(req.principal))
 
 
 # -- connectors ---------------------------------------------------------------------------------------
@@ -554,9 +599,10 @@ AUDIT_SHOWN = 500             # newest lines per answer; ?since= pages further b
 
 
 def may_read_audit(principal):
-    """The one place that decides who reads the audit log: everyone holding the launch token,
-    until accounts exist (then: an admin's role, checked here)."""
-    return principal is not None
+    """The one place that decides who reads the audit log: the launch token's holder while no
+    account exists, then administrators and viewers (roles.AUDIT, the route's rule, says the
+    same before this runs)."""
+    return principal is not None and principal.role in ("admin", "viewer")
 
 
 def audit(app, req):
@@ -580,13 +626,13 @@ def audit(app, req):
 def _folder(app, req):
     """?folder=DIR (an existing absolute folder), else the working folder Settings name."""
     folder = req.query.get("folder")
-    return S.check_folder(folder if folder else app.settings.load()["folder"])
+    return S.check_folder(folder if folder else app.settings_for(req.principal).load()["folder"])
 
 
 def memory_user(app, req):
-    """Your notes (OVERLORD_HOME/memory.md): {path, text, bytes, cap}; cap is what the agent is
-    told of them (the newest part, when they are longer)."""
-    return ops.memory_user()
+    """Your notes (OVERLORD_HOME/memory.md; an account's users/<name>/memory.md): {path, text,
+    bytes, cap}; cap is what the agent is told of them (the newest part, when they are longer)."""
+    return ops.memory_user(**_owner_kw(R.owner_name(req.principal)))
 
 
 def put_memory_user(app, req):
@@ -596,15 +642,16 @@ def put_memory_user(app, req):
         raise S.Invalid("text", "send your notes as {\"text\": \"...\"}")
     if "\0" in text:
         raise S.Invalid("text", "your notes must be text (a NUL byte is not)")
-    ops.memory_user_set(text, by="workspace")
-    return ops.memory_user()
+    own = _owner_kw(R.owner_name(req.principal))
+    ops.memory_user_set(text, by="workspace", **own)
+    return ops.memory_user(**own)
 
 
 def memory_folder(app, req):
     """?folder=DIR: what the agent would be told before message one there (exactly
     `overlord memory show`), with its sources, and the folder's journal of committed work."""
     folder = _folder(app, req)
-    told = ops.memory_show(folder)
+    told = ops.memory_show(folder, **_owner_kw(R.owner_name(req.principal)))
     return {"folder": folder, "text": told.get("text", ""), "sha256": told.get("sha256"),
             "sources": told.get("sources") or [], "journal": ops.memory_journal(folder)}
 

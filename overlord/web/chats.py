@@ -15,7 +15,13 @@ approver publishes the request on the channel (an "approval" event, and `pending
 snapshot while it waits, so a reload still shows the card) and waits on the channel's
 condition until a person decides (POST .../approval: exactly that call and fingerprint, once)
 or the run is stopped (the approver raises Cancelled).
+
+Accounts: a conversation started by an account is its own (ops.agent owner=, its settings,
+keys and notes); the listing is filtered to what the principal may see, and the detail says
+whether it may write (`may_write`). A run's thread carries the request's context, so what it
+appends to the audit chain names the account that asked (audit.acting_as).
 """
+import contextvars
 import re
 import secrets
 import threading
@@ -24,6 +30,7 @@ import time
 from overlord import ops
 from overlord.errors import NotFound, OverlordError, UsageError
 from overlord.ops import launcher
+from overlord.web import roles as R
 from overlord.web import settings as S
 
 AUDIT = "/audit"
@@ -86,8 +93,11 @@ class Chats:
 
     # -- listing --------------------------------------------------------------------------------
 
-    def listing(self):
-        out = [self.summary(m) for m in ops.sessions() if m.get("agent")]
+    def listing(self, principal=None):
+        metas = [m for m in ops.sessions() if m.get("agent")]
+        if principal is not None:
+            metas = R.visible(principal, metas)
+        out = [self.summary(m) for m in metas]
         return sorted(out, key=lambda c: c["created"] or 0, reverse=True)
 
     def summary(self, meta):
@@ -100,25 +110,28 @@ class Chats:
                 "created": meta.get("created"), "target": meta.get("target"),
                 "provider": endpoint.get("provider"), "model": agent.get("model"),
                 "audit": bool(agent.get("audit")), "grants": meta.get("grants"),
-                "connectors": _granted(meta),
+                "connectors": _granted(meta), "owner": meta.get("owner"),
                 "running": bool(ch and ch.run), "last": ch.last if ch else None}
 
-    def detail(self, sid):
+    def detail(self, sid, principal=None):
         session = _chat_session(sid)
         ch = self.channel(sid)
         with ch.cond:
             records = ops.transcript(sid)
             partial, pending = _partial(ch, records), ch.pending
+        may_write = principal is None or _auth().can_change(principal, session.meta)
         return {"chat": self.summary(session.meta), "records": views(records), "partial": partial,
-                "pending": pending}
+                "pending": pending, "may_write": may_write}
 
     # -- starting, continuing, stopping ---------------------------------------------------------
 
-    def start(self, body):
+    def start(self, body, store=None, owner=None):
+        """A new conversation with `store`'s settings (the account's own; the machine's when
+        None), owned by `owner` (None: the launch token's, as before accounts)."""
         message = _message(body)
         audit = message == AUDIT or message.startswith(AUDIT + " ")
         task = message[len(AUDIT):].strip() if audit else message
-        cfg = self.settings.load()
+        cfg = (store or self.settings).load()
         provider = body.get("provider") or cfg["provider"]
         if provider not in S.PROVIDERS:
             raise S.Invalid("provider", f"provider must be one of {', '.join(S.PROVIDERS)}")
@@ -149,9 +162,10 @@ class Chats:
                     base_url=prof["base_url"] or None, headers=prof["headers"] or None,
                     knobs=prof["knobs"], system=prof["system"] or None, jail=sandbox["jail"],
                     net=sandbox["net"], audit=audit, on_event=on_event, on_delta=on_delta,
-                    cancel=stop, connectors=connectors, approver=self.approver))
+                    cancel=stop, connectors=connectors, approver=self.approver,
+                    **({"owner": owner} if owner else {})))
             opened.set()
-        threading.Thread(target=work, name="overlord-chat", daemon=True).start()
+        _thread(work)
         opened.wait(START_WAIT)
         if box.get("error") and not box.get("recorded"):
             raise in_settings_words(box["error"])
@@ -179,7 +193,7 @@ class Chats:
                 sid, note, on_event=on_event, on_delta=on_delta, cancel=stop,
                 approver=self.approver))
             started.set()
-        threading.Thread(target=work, name="overlord-chat", daemon=True).start()
+        _thread(work)
         started.wait(START_WAIT)
         if "error" in box and not box.get("recorded"):
             raise box["error"]
@@ -365,6 +379,17 @@ class Chats:
                     if name == "record" and data["i"] < seen:
                         continue          # already in the snapshot
                     yield name, data
+
+
+def _thread(work):
+    """Run work in a thread of its own, in this request's context (the account it acts for)."""
+    ctx = contextvars.copy_context()
+    threading.Thread(target=ctx.run, args=(work,), name="overlord-chat", daemon=True).start()
+
+
+def _auth():
+    from overlord.ops import auth
+    return auth
 
 
 # The engine's refusals name CLI flags; here the same grants are switches in Settings.

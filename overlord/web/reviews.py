@@ -6,6 +6,7 @@ then lists its verdict with the others. A review that fails says why in `error`.
 
 One review at a time per session; the verdict itself is recorded by ops.review, never here.
 """
+import contextvars
 import threading
 import time
 
@@ -47,5 +48,6 @@ class Reviews:
             with self._lock:
                 run.update(running=False, finished=time.time(), error=error,
                            verdict=(verdict or {}).get("verdict") if isinstance(verdict, dict) else None)
-        threading.Thread(target=work, name="overlord-review", daemon=True).start()
+        ctx = contextvars.copy_context()          # the account that asked acts in the thread too
+        threading.Thread(target=ctx.run, args=(work,), name="overlord-review", daemon=True).start()
         return dict(run)

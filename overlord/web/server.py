@@ -26,7 +26,10 @@ from overlord import ops
 from overlord.errors import OverlordError, UsageError
 from overlord.ops import execute
 from overlord.ops import launcher
-from overlord.web import api, pages, security, transport
+from overlord.ops import auth
+from overlord.ops import audit
+from overlord.web import accounts, api, pages, security, transport
+from overlord.web import roles as R
 from overlord.web import settings as S
 from overlord.web.chats import Chats
 from overlord.web.reviews import Reviews
@@ -36,44 +39,73 @@ DRAIN_MAX = 8 << 20           # a refused body up to this size is read (and drop
 SID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 S_ID = object()               # a route segment that is a session id
 NAME = object()               # a route segment that is a skill name
+USER = object()               # a route segment that is an account name
+TOKEN_ID = object()           # a route segment that is a script token's id
 SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+USER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.@+'=!#$%&*?^`{|}~-]{0,253}$")
+TOKEN_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SEGMENTS = {S_ID: (SID, "not a session id: {!r} (expected YYYYMMDD-HHMMSS-xxxxxx)"),
+            NAME: (SKILL_NAME, "not a skill name: {!r} (lower-case letters, digits and dashes, "
+                               "at most 64)"),
+            USER: (USER_NAME, "not an account name: {!r}"),
+            TOKEN_ID: (TOKEN_NAME, "not a token id: {!r}")}
+LOGIN_COOKIE = "overlord_login"
 
-ROUTES = {
-    ("GET", ("",)): "workspace",
-    ("GET", ("console",)): "console",
-    ("GET", ("api", "sessions")): api.sessions,
-    ("GET", ("api", "session", S_ID)): api.session,
-    ("POST", ("api", "session", S_ID, "commit")): api.commit,
-    ("POST", ("api", "session", S_ID, "rollback")): api.rollback,
-    ("POST", ("api", "session", S_ID, "rewind")): api.rewind,
-    ("POST", ("api", "session", S_ID, "fork")): api.fork,
-    ("POST", ("api", "session", S_ID, "revert")): api.revert,
-    ("GET", ("api", "session", S_ID, "check")): api.check,
-    ("POST", ("api", "session", S_ID, "review")): api.review,
-    ("GET", ("api", "session", S_ID, "reviews")): api.reviews,
-    ("GET", ("api", "audit")): api.audit,
-    ("GET", ("api", "blame")): api.blame,
-    ("GET", ("api", "chats")): api.chats,
-    ("POST", ("api", "chats")): api.start_chat,
-    ("GET", ("api", "chats", S_ID)): api.chat,
-    ("POST", ("api", "chats", S_ID, "message")): api.chat_message,
-    ("POST", ("api", "chats", S_ID, "cancel")): api.chat_cancel,
-    ("POST", ("api", "chats", S_ID, "approval")): api.chat_approval,
-    ("GET", ("api", "connectors")): api.connectors,
-    ("GET", ("api", "chats", S_ID, "events")): "events",
-    ("GET", ("api", "settings")): api.get_settings,
-    ("PUT", ("api", "settings")): api.put_settings,
-    ("GET", ("api", "models")): api.models,
-    ("GET", ("api", "memory")): api.memory_folder,
-    ("GET", ("api", "memory", "user")): api.memory_user,
-    ("PUT", ("api", "memory", "user")): api.put_memory_user,
-    ("GET", ("api", "chats", S_ID, "memory")): api.chat_memory,
-    ("POST", ("api", "chats", S_ID, "memory", "accept")): api.chat_memory_accept,
-    ("GET", ("api", "skills")): api.skills,
-    ("POST", ("api", "skills")): api.skill_add,
-    ("GET", ("api", "skills", NAME)): api.skill,
-    ("DELETE", ("api", "skills", NAME)): api.skill_remove,
-}
+# (method, path pattern) -> (what answers, who may call it: overlord/web/roles.py). The one
+# table: ROUTES and RULES are its two columns; a route without a rule cannot be added.
+TABLE = (
+    (("GET", ("",)), "workspace", R.ANY),
+    (("GET", ("console",)), "console", R.ANY),
+    (("GET", ("api", "sessions")), api.sessions, R.ANY),
+    (("GET", ("api", "session", S_ID)), api.session, R.SEE),
+    (("POST", ("api", "session", S_ID, "commit")), api.commit, R.CHANGE),
+    (("POST", ("api", "session", S_ID, "rollback")), api.rollback, R.CHANGE),
+    (("POST", ("api", "session", S_ID, "rewind")), api.rewind, R.CHANGE),
+    (("POST", ("api", "session", S_ID, "fork")), api.fork, R.CHANGE),
+    (("POST", ("api", "session", S_ID, "revert")), api.revert, R.CHANGE),
+    (("GET", ("api", "session", S_ID, "check")), api.check, R.SEE),
+    (("POST", ("api", "session", S_ID, "review")), api.review, R.CHANGE),
+    (("GET", ("api", "session", S_ID, "reviews")), api.reviews, R.SEE),
+    (("GET", ("api", "audit")), api.audit, R.AUDIT),
+    (("GET", ("api", "blame")), api.blame, R.ANY),
+    (("GET", ("api", "chats")), api.chats, R.ANY),
+    (("POST", ("api", "chats")), api.start_chat, R.WRITE),
+    (("GET", ("api", "chats", S_ID)), api.chat, R.SEE),
+    (("POST", ("api", "chats", S_ID, "message")), api.chat_message, R.CHANGE),
+    (("POST", ("api", "chats", S_ID, "cancel")), api.chat_cancel, R.CHANGE),
+    (("POST", ("api", "chats", S_ID, "approval")), api.chat_approval, R.CHANGE),
+    (("GET", ("api", "connectors")), api.connectors, R.ANY),
+    (("GET", ("api", "chats", S_ID, "events")), "events", R.SEE),
+    (("GET", ("api", "settings")), api.get_settings, R.ANY),
+    (("PUT", ("api", "settings")), api.put_settings, R.WRITE),
+    (("GET", ("api", "models")), api.models, R.ANY),
+    (("GET", ("api", "memory")), api.memory_folder, R.ANY),
+    (("GET", ("api", "memory", "user")), api.memory_user, R.ANY),
+    (("PUT", ("api", "memory", "user")), api.put_memory_user, R.WRITE),
+    (("GET", ("api", "chats", S_ID, "memory")), api.chat_memory, R.SEE),
+    (("POST", ("api", "chats", S_ID, "memory", "accept")), api.chat_memory_accept, R.CHANGE),
+    (("GET", ("api", "skills")), api.skills, R.ANY),
+    (("POST", ("api", "skills")), api.skill_add, R.ADMIN),
+    (("GET", ("api", "skills", NAME)), api.skill, R.ANY),
+    (("DELETE", ("api", "skills", NAME)), api.skill_remove, R.ADMIN),
+    # accounts and sign-in (overlord/web/accounts.py)
+    (("GET", ("login",)), "signin", R.OPEN),
+    (("POST", ("api", "login")), accounts.login, R.OPEN),
+    (("POST", ("api", "logout")), accounts.logout, R.OPEN),
+    (("GET", ("api", "whoami")), accounts.whoami, R.OPEN),
+    (("GET", ("sso", "start")), accounts.sso_start, R.OPEN),
+    (("GET", ("sso", "callback")), accounts.sso_callback, R.OPEN),
+    (("GET", ("api", "users")), accounts.users, R.ADMIN),
+    (("POST", ("api", "users")), accounts.user_add, R.ADMIN),
+    (("PUT", ("api", "users", USER)), accounts.user_change, R.ADMIN),
+    (("DELETE", ("api", "users", USER)), accounts.user_remove, R.ADMIN),
+    (("POST", ("api", "me", "password")), accounts.my_password, R.ACCOUNT),
+    (("GET", ("api", "me", "tokens")), accounts.my_tokens, R.ACCOUNT),
+    (("POST", ("api", "me", "tokens")), accounts.my_token_mint, R.ACCOUNT),
+    (("DELETE", ("api", "me", "tokens", TOKEN_ID)), accounts.my_token_revoke, R.ACCOUNT),
+)
+ROUTES = {key: handler for key, handler, _ in TABLE}
+RULES = {key: rule for key, _, rule in TABLE}
 
 
 class HTTPError(Exception):
@@ -83,9 +115,22 @@ class HTTPError(Exception):
 
 
 class Request:
-    def __init__(self, method, segments, query, body, principal):
+    def __init__(self, method, segments, query, body, principal, handler=None):
         self.method, self.segments, self.query = method, segments, query
         self.body, self.principal = body, principal
+        self.handler = handler        # the request handler (its headers, address, cookies)
+        self.form = False             # the body came as a form (the sign-in page's)
+
+    @property
+    def address(self):
+        return self.handler.client_address[0] if self.handler else None
+
+    def cookie(self, name):
+        return self.handler.cookie(name) if self.handler else None
+
+    @property
+    def headers(self):
+        return self.handler.headers if self.handler else {}
 
 
 class App:
@@ -97,6 +142,29 @@ class App:
         self.reviews = Reviews()
         self.pages = pages.Pages(static)
         self.closing = threading.Event()
+        self.flows = None             # single sign-on's pending flows (oidc.Flows), made on use
+        self._lock = threading.Lock()
+        self._own = {}                # account name -> its Settings (users/<name>/ui.json)
+
+    def settings_for(self, principal):
+        """The settings a request reads and writes: the account's own (users/<name>/ui.json),
+        or the machine's for the launch token."""
+        name = R.owner_name(principal)
+        if name is None:
+            return self.settings
+        with self._lock:
+            own = self._own.get(name)
+            if own is None:
+                own = self._own[name] = S.Settings(self.settings.default_folder,
+                                                   path=S.user_path(name))
+            return own
+
+    def sso_flows(self):
+        with self._lock:
+            if self.flows is None:
+                from overlord.ops import sso
+                self.flows = sso.Flows()
+            return self.flows
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -132,6 +200,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     server_version = "overlord-ui"
     sys_version = ""
     timeout = 30                   # an idle keep-alive connection or a stalled client
+    who = None                     # the request's principal, for the log: a name, "launch" or None
+    route_key = None               # (method, pattern) of the route find() matched
+    form_body = False              # the body came as a form (the sign-in page's)
 
     @property
     def app(self):
@@ -227,39 +298,89 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def route(self):
         self.rate_limit()
         guard = self.app.guard
+        self.who = None
         if not guard.host_ok(self.headers):
             raise HTTPError(421, "this server answers only to " + guard.origin)
         segments, query = self.parse_target()
         if self.command == "GET" and segments == ("healthz",):
             return 200, {"ok": True}
+        accounts_on = auth.enabled()              # read per request: the first `users add` counts
         if "token" in query:
-            return self.exchange(segments, query)
+            return self.exchange(segments, query, accounts_on)
         if segments[0] == "static" and len(segments) == 2 and self.command == "GET":
             return self.static(segments[1], query)     # the package's own files: no secret
         api_call = segments[0] == "api"
-        principal = guard.principal(self.headers)
-        if principal is None:
+        principal, how = self.identify(accounts_on)
+        self.who = (principal.name or "launch") if principal is not None else None
+        if principal is None and self.rule_of(segments) != R.OPEN:
             self.close_if_body()
             if api_call or self.command != "GET":
-                raise HTTPError(401, "open the link `overlord ui` printed, or send "
-                                     "Authorization: Bearer <the token in ui.token>")
+                raise HTTPError(401, R.sign_in_words(accounts_on))
+            if accounts_on:
+                return self.signin_page(401, {"next": self.path})
             return self.page(401, "unauthorized.html")
-        why = guard.cross_origin(self.command, self.headers, principal, api_call)
+        # no principal (an open route): a script's request (no Origin, no Sec-Fetch-Site) may
+        # sign in; a browser's must come from this very origin, as a change with a cookie must
+        why = guard.cross_origin(self.command, self.headers, how or "bearer", api_call)
         if why:
             self.close_if_body()
             raise HTTPError(403, why)
         handler, sid = self.find(segments)
-        body = self.read_body()
-        if handler == "workspace":
-            return self.page(200, "workspace.html")
-        if handler == "console":
-            rows = api.register(self.app)
-            return self.page(200, "console.html", register=self.app.pages.register_rows(rows),
-                             count=f"{len(rows)} session{'' if len(rows) == 1 else 's'}")
-        req = Request(self.command, segments, query, body, principal)
-        if handler == "events":
-            return Stream(self.app.chats.stream(sid, alive=lambda: not self.app.closing.is_set()))
-        return 200, handler(self.app, req, sid) if sid else handler(self.app, req)
+        rule = RULES.get(self.route_key, R.ADMIN)          # a route without a rule: admins only
+        body = self.read_body(form=rule == R.OPEN and self.command == "POST")
+        with audit.acting_as(principal.actor if principal is not None else None):
+            R.check(rule, principal, sid)
+            if handler == "workspace":
+                return self.page(200, "workspace.html")
+            if handler == "console":
+                rows = api.register(self.app, principal)
+                return self.page(200, "console.html", register=self.app.pages.register_rows(rows),
+                                 count=f"{len(rows)} session{'' if len(rows) == 1 else 's'}")
+            if handler == "signin":
+                return self.signin_page(200, query)
+            req = Request(self.command, segments, query, body, principal, self)
+            req.form = self.form_body
+            if handler == "events":
+                return Stream(self.app.chats.stream(sid, alive=lambda: not self.app.closing.is_set()))
+            answer = handler(self.app, req, sid) if sid else handler(self.app, req)
+        if isinstance(answer, (Reply, Redirect, Page)):
+            return answer
+        return 200, answer
+
+    def identify(self, accounts_on):
+        """(principal, how: "bearer"|"cookie"|None). Accounts off: the launch token (Bearer or
+        its cookie) is auth.LAUNCH. Accounts on: a login cookie or an `ovl_` bearer token names
+        the account; the launch token alone names no one."""
+        guard = self.app.guard
+        if not accounts_on:
+            how = guard.principal(self.headers)
+            return (auth.LAUNCH, how) if how else (None, None)
+        value = self.headers.get("Authorization", "")
+        if value:
+            token = value[7:].strip() if value.startswith("Bearer ") else ""
+            found = auth.bearer(token) if token.startswith("ovl_") else None
+            return (found, "bearer") if found is not None else (None, None)
+        cookie = self.cookie(guard.cookie_name(LOGIN_COOKIE))
+        found = auth.login_lookup(cookie) if cookie else None
+        return (found, "cookie") if found is not None else (None, None)
+
+    def cookie(self, name):
+        """The first value of cookie `name` among the request's Cookie headers, or None."""
+        for raw in self.headers.get_all("Cookie") or ():
+            for part in raw.split(";"):
+                key, eq, value = part.strip().partition("=")
+                if eq and key == name:
+                    value = value.strip()
+                    if len(value) >= 2 and value[0] == value[-1] == '"':
+                        value = value[1:-1]
+                    return value if 0 < len(value) <= 512 else None
+        return None
+
+    def signin_page(self, status, query):
+        """The sign-in page (D's signin.html): ?next= (a path here), ?error= and whether single
+        sign-on is configured (its button)."""
+        return self.page(status, "signin.html", next=accounts.safe_next(query.get("next")),
+                         error=query.get("error") or None, sso=accounts.sso_on())
 
     def parse_target(self):
         """(decoded path segments, {query name: first value}). Dot segments and encoded
@@ -288,6 +409,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             query.setdefault(k, v)
         return tuple(segments), query
 
+    def rule_of(self, segments):
+        """The rule of the route these segments name for this method (None: no such route)."""
+        for (method, pattern) in ROUTES:
+            if method == self.command and len(pattern) == len(segments) and all(
+                    want in SEGMENTS or want == seg for want, seg in zip(pattern, segments)):
+                return RULES.get((method, pattern), R.ADMIN)
+        return None
+
     def find(self, segments):
         allowed = []
         for (method, pattern), handler in ROUTES.items():
@@ -295,18 +424,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 continue
             got, kind = None, None
             for want, seg in zip(pattern, segments):
-                if want is S_ID or want is NAME:
+                if want in SEGMENTS:
                     got, kind = seg, want
                 elif want != seg:
                     break
             else:
-                if kind is S_ID and not SID.match(got):
-                    raise HTTPError(400, f"not a session id: {got[:40]!r} "
-                                         "(expected YYYYMMDD-HHMMSS-xxxxxx)")
-                if kind is NAME and not SKILL_NAME.match(got):
-                    raise HTTPError(400, f"not a skill name: {got[:40]!r} (lower-case letters, "
-                                         "digits and dashes, at most 64)")
+                if kind is not None and not SEGMENTS[kind][0].match(got):
+                    raise HTTPError(400, SEGMENTS[kind][1].format(got[:40]))
                 if method == self.command:
+                    self.route_key = (method, pattern)
                     return handler, got
                 allowed.append(method)
         if allowed:
@@ -314,20 +440,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
             raise HTTPError(405, f"{self.command} is not allowed here", allow=sorted(set(allowed)))
         raise HTTPError(404, "no such page or API route")
 
-    def exchange(self, segments, query):
-        """?token=T: set the cookie and send the browser to the same URL without the token."""
+    def exchange(self, segments, query, accounts_on=False):
+        """?token=T: set the cookie and send the browser to the same URL without the token.
+        Once accounts exist the launch token proves no one: the browser goes to the sign-in
+        page (without the token in its address bar)."""
         if self.command != "GET" or not self.app.guard.token_ok(query["token"]):
             self.close_if_body()
             raise HTTPError(401, "that token is not this server's launch token")
         rest = urllib.parse.urlencode([(k, v) for k, v in query.items() if k != "token"])
         location = "/" + "/".join(urllib.parse.quote(s) for s in segments) + (f"?{rest}" if rest else "")
+        if accounts_on:
+            return Redirect("/login?" + urllib.parse.urlencode({"next": location}))
         return Redirect(location, self.app.guard.set_cookie())
 
     def close_if_body(self):
         if self.headers.get("Content-Length", "0") not in ("", "0") or self.headers.get("Transfer-Encoding"):
             self.close_connection = True
 
-    def read_body(self):
+    def read_body(self, form=False):
+        """The JSON object the request carries (None when it has none). With `form` (the
+        open routes: the sign-in page posts its form) application/x-www-form-urlencoded too."""
+        self.form_body = False
         if self.headers.get("Transfer-Encoding"):
             self.close_connection = True
             raise HTTPError(411, "send the body with a Content-Length")
@@ -350,6 +483,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
             raise HTTPError(400, "the body ended early")
         if not data.strip():
             return None
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if form and ctype == "application/x-www-form-urlencoded":
+            try:
+                pairs = urllib.parse.parse_qsl(data.decode("utf-8", "strict"), keep_blank_values=True,
+                                               max_num_fields=20)
+            except (ValueError, UnicodeDecodeError):
+                raise HTTPError(400, "bad form body") from None
+            self.form_body = True
+            body = {}
+            for k, v in pairs:
+                body.setdefault(k, v)
+            return body
         try:
             body = json.loads(data)
         except (ValueError, UnicodeDecodeError):
@@ -383,11 +528,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if isinstance(answer, Stream):
             return self.send_stream(answer)
         if isinstance(answer, Redirect):
-            self.start(303, [("Location", answer.location), ("Set-Cookie", answer.cookie)])
+            self.start(303, [("Location", answer.location)] +
+                       [("Set-Cookie", c) for c in answer.cookies])
             self.finish_body(b"", "text/plain; charset=utf-8")
             return
+        if isinstance(answer, Reply):
+            body = api.encode(answer.data)
+            self.start(answer.status, [("Set-Cookie", c) for c in answer.cookies])
+            self.finish_body(body, "application/json; charset=utf-8")
+            return
         if isinstance(answer, Page):
-            self.start(answer.status, [], answer.nonce)
+            self.start(answer.status, [("Set-Cookie", c) for c in answer.cookies], answer.nonce)
             self.finish_body(answer.data, "text/html; charset=utf-8")
             return
         if isinstance(answer, Blob):
@@ -472,13 +623,22 @@ class Stream:
 
 
 class Redirect:
-    def __init__(self, location, cookie):
-        self.location, self.cookie = location, cookie
+    def __init__(self, location, cookie=None, cookies=()):
+        self.location = location
+        self.cookies = ([cookie] if cookie else []) + list(cookies)
+
+
+class Reply:
+    """A JSON answer that also sets cookies (signing in and out)."""
+
+    def __init__(self, status, data, cookies=()):
+        self.status, self.data, self.cookies = status, data, list(cookies)
 
 
 class Page:
-    def __init__(self, status, data, nonce):
+    def __init__(self, status, data, nonce, cookies=()):
         self.status, self.data, self.nonce = status, data, nonce
+        self.cookies = list(cookies)
 
 
 class Blob:

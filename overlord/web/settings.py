@@ -7,7 +7,8 @@ plays the model, so a newcomer sees a whole conversation, its diff and a commit 
 as the second model, a script that says it cannot judge a diff (static/demo-review.json) plays
 the reviewer, so the check runs end to end and never countersigns anything.
 
-Kept in OVERLORD_HOME/ui-settings.json, mode 0600 (a gateway header may be a credential).
+Kept in OVERLORD_HOME/ui-settings.json, mode 0600 (a gateway header may be a credential);
+once there are accounts, each account's own in OVERLORD_HOME/users/<name>/ui.json.
 API keys are not kept here: they go to the key store through ops.keys_set and are never sent
 back. Header values that look like credentials are sent back masked; a masked value written
 back keeps the stored one. Every value is checked before anything is stored, and a refusal
@@ -58,6 +59,12 @@ def path():
     return os.path.join(ops.home(), "ui-settings.json")
 
 
+def user_path(name):
+    """An account's own settings: OVERLORD_HOME/users/<name>/ui.json (ops.user_dir refuses
+    any name that would lead elsewhere)."""
+    return os.path.join(ops.user_dir(name), "ui.json")
+
+
 def defaults(folder):
     return {"provider": "anthropic", "profiles": {p: empty_profile() for p in PROVIDERS},
             "folder": folder, "sandbox": {"jail": True, "net": "none"},
@@ -76,14 +83,18 @@ def empty_countersign():
 class Settings:
     """The stored settings, read and changed under one lock."""
 
-    def __init__(self, default_folder):
+    def __init__(self, default_folder, path=None):
         self.default_folder = default_folder
+        self.path = path              # None: the machine's (OVERLORD_HOME/ui-settings.json)
         self._lock = threading.Lock()
+
+    def file(self):
+        return self.path or path()
 
     def load(self):
         data = defaults(self.default_folder)
         try:
-            with open(path(), encoding="utf-8") as f:
+            with open(self.file(), encoding="utf-8") as f:
                 stored = json.load(f)
         except (FileNotFoundError, ValueError):
             return data
@@ -143,7 +154,7 @@ class Settings:
             keys = [_key(change.get("api_key"), provider, "api_key"),
                     _key(change.get("countersign_key"), data["countersign"]["provider"],
                          "cs_api_key")]
-            _write(data)
+            _write(data, self.path)
         return [k for k in keys if k]
 
     def profile(self, provider):
@@ -330,7 +341,10 @@ def check_sandbox(sandbox):
     return {"jail": jail, "net": net}
 
 
-def _write(data):
-    """Atomically, 0600 from the moment the file exists."""
+def _write(data, where=None):
+    """Atomically, 0600 from the moment the file exists (an account's folder made 0700 when
+    it is missing, and refused when it is not a folder of ours: ops.ensure_user_dir)."""
     ops.ensure_home()
-    ops.write_private_json(path(), data, indent=1)
+    if where is not None:
+        ops.ensure_user_dir(os.path.basename(os.path.dirname(where)))
+    ops.write_private_json(where or path(), data, indent=1)
