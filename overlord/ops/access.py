@@ -72,6 +72,14 @@ def check_name(name):
     return name if _DNS.match(name) else None
 
 
+def _loopback(host):
+    import ipaddress
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class Guard:
     """The checks every request passes, for a server bound to host:port with a token.
 
@@ -86,6 +94,8 @@ class Guard:
         self.port = port
         self.tls = bool(tls)
         self.scheme = "https" if self.tls else "http"
+        # bound beyond loopback (a LAN address, 0.0.0.0): the launch token alone must never do
+        self.loopback = _loopback(host)
         default = 443 if self.tls else 80
         wildcard = host in ("0.0.0.0", "::")
         named = list(dict.fromkeys(n.lower() for n in names))

@@ -23,6 +23,7 @@ from conftest import Ovl
 from weblib import UI, ui  # noqa: F401 -- ui: the plain loopback server fixture
 
 NAME = "overlord.test"          # the --host name: in the certificate, never resolved
+PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def tls_args(pair, *more):
 
 def add_account(ovl, name="admin", role="admin"):
     """One account, through the CLI (one scrypt hash): sign-in is on from then on."""
-    ovl("users", "add", name, "--role", role, input=b"correct horse battery staple\n", check=0)
+    ovl("users", "add", name, "--role", role, input=PASSWORD.encode() + b"\n", check=0)
 
 
 def client_context(cafile):
@@ -203,6 +204,40 @@ def test_beyond_loopback_with_accounts_and_tls_starts(home, target, pair, ovl_pl
         assert r.header("Strict-Transport-Security") == "max-age=31536000"
         assert server.get("/healthz", auth=False, headers={"Host": f"0.0.0.0:{server.port}"}).status == 421
         assert server.get("/api/sessions", auth=False).status == 401
+    finally:
+        server.close()
+
+
+def test_a_login_beyond_loopback_gets_a_secure_host_prefixed_cookie(home, target, pair, ovl_plain):
+    """Accounts and TLS on 0.0.0.0: sign in over TLS; the login cookie is `__Host-`, Secure,
+    HttpOnly, SameSite=Strict, Path=/; it names the account; sign-out clears it (Secure too);
+    the launch token alone is refused."""
+    add_account(ovl_plain)
+    server = UI(home, target, args=("--bind", "0.0.0.0", *tls_args(pair), "--log-json"), cafile=pair[0])
+    try:
+        r = server.post("/api/login", {"name": "admin", "password": PASSWORD}, auth=False)
+        assert r.status == 200, r.body
+        line = r.header("Set-Cookie")
+        name, _, rest = line.partition("=")
+        value = rest.split(";")[0]
+        flags = [f.strip() for f in rest.split(";")[1:]]
+        assert name == "__Host-overlord_login" and value
+        assert {"Secure", "HttpOnly", "SameSite=Strict", "Path=/"} <= set(flags), line
+        assert not any(f.lower().startswith("domain") for f in flags)
+        me = server.get("/api/whoami", auth=False, headers={"Cookie": f"{name}={value}"})
+        assert me.status == 200 and me.json["name"] == "admin"
+        # the unprefixed name is not read under TLS; the launch token no longer suffices
+        assert server.get("/api/sessions", auth=False, headers={"Cookie": f"overlord_login={value}"}).status == 401
+        assert server.get("/api/sessions").status == 401
+        out = server.post("/api/logout", {}, auth=False,
+                          headers={"Cookie": f"{name}={value}", "Origin": f"https://{NAME}:{server.port}"})
+        assert out.status == 200, out.body
+        gone = out.header("Set-Cookie")
+        assert gone.startswith("__Host-overlord_login=;") and "Max-Age=0" in gone and "Secure" in gone
+        err = server.stderr()
+        assert value not in err and PASSWORD not in err and server.token not in err
+        rows = [json.loads(ln) for ln in err.splitlines() if ln.startswith("{")]
+        assert ("GET", "/api/whoami", "admin") in [(r["method"], r["path"], r["principal"]) for r in rows]
     finally:
         server.close()
 
