@@ -236,3 +236,36 @@ def test_the_launch_token_still_works_with_accounts_off(ui):
     r = ui.post("/api/me/tokens", {"label": "x"})
     assert r.status == 409 and "no accounts" in r.json["error"]
     assert os.path.exists(os.path.join(ui.home, "ui.token"))
+
+
+def as_(ui, token, method, path, body=None):
+    r = ui.request(method, path, body=body, auth=False, headers={"Authorization": f"Bearer {token}"})
+    assert r.status == 200, (method, path, r.status, r.body)
+    return r.json
+
+
+def wait_for(check, timeout=60):
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_the_account_acts_on_the_chain_from_its_threads_too(team):
+    """The conversation's session (opened by the chat's thread, through the launcher) and a
+    second-model review's verdict (appended by the review's thread) name olive as actor."""
+    ui, sid, tokens = team
+    olive = tokens["owner"]
+    wait_for(lambda: not as_(ui, olive, "GET", f"/api/chats/{sid}")["chat"]["running"])
+    as_(ui, olive, "PUT", "/api/settings", {"countersign": {"provider": "scripted"}})
+    as_(ui, olive, "POST", f"/api/session/{sid}/review", {"same_model": True})
+    wait_for(lambda: not (as_(ui, olive, "GET", f"/api/session/{sid}/reviews")["reviewing"] or
+                          {}).get("running"))
+    records = as_(ui, tokens["admin"], "GET", "/api/audit")["records"]
+    mine = {r["action"]: r["actor"] for r in records if r.get("sid") == sid}
+    assert mine.get("session.open") == "account:olive", mine
+    assert mine.get("review.verdict") == "account:olive", mine
