@@ -194,6 +194,16 @@ def test_the_rsa_arithmetic_agrees_with_openssl_and_nothing_else(keys):
     assert not oidc.rsa_verify(k.n, k.e, b"message", (k.n + 1).to_bytes(256, "big"))  # s >= n
     flipped = bytes([sig[0] ^ 1]) + sig[1:]
     assert not oidc.rsa_verify(k.n, k.e, b"message", flipped)
+    # s + n has the same s^e mod n: refused all the same (RFC 8017 RSAVP1: s < n)
+    for i in range(64):
+        m = b"message %d" % i
+        s = int.from_bytes(k.sign(m), "big")
+        if s + k.n < 1 << 2048:
+            assert oidc.rsa_verify(k.n, k.e, m, s.to_bytes(256, "big"))
+            assert not oidc.rsa_verify(k.n, k.e, m, (s + k.n).to_bytes(256, "big"))
+            break
+    else:
+        pytest.fail("no signature below 2^2048 - n in 64 tries")
 
 
 def _icbrt(n):
@@ -233,6 +243,9 @@ def test_the_p256_arithmetic(keys):
     r, s = sig[:32], int.from_bytes(sig[32:], "big")
     assert not oidc.es256_verify(ec.x, ec.y, b"m", r + ((s + 1) % oidc.P256_N).to_bytes(32, "big"))
     assert not oidc.es256_verify(ec.x, ec.y, b"m", bytes(32) + sig[32:])      # r = 0
+    assert not oidc.es256_verify(ec.x, ec.y, b"m", sig + b"\x00")             # 65 bytes
+    assert not oidc.es256_verify(ec.x, ec.y, b"m", sig[:32] + b"\x00" + sig[32:])  # same s
+    assert not oidc.es256_verify(ec.x, ec.y, b"m", sig[:63])
     assert not oidc.es256_verify(ec.x, ec.y, b"m", sig[:32] + oidc.P256_N.to_bytes(32, "big"))
     assert not oidc.es256_verify(ec.x, (ec.y + 1) % oidc.P256_P, b"m", sig)   # not on the curve
     assert oidc.p256_mul(oidc.P256_N, oidc.P256_G) is None                    # n*G = infinity
