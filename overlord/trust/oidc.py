@@ -165,7 +165,8 @@ def check_url(url, what="issuer"):
 
 
 def _email(value, what):
-    e = value.strip().lower() if isinstance(value, str) else ""
+    # ASCII before lower(): str.lower() maps U+212A KELVIN SIGN to "k", U+0130 to "i̇"...
+    e = value.strip().lower() if isinstance(value, str) and value.isascii() else ""
     local, _, domain = e.rpartition("@")
     if not local or not _HOST_RE.match(domain) or not _valid_name(e):
         raise UsageError(f"{what} must be an e-mail address, not {value!r}")
@@ -187,7 +188,7 @@ def configure(issuer, client_id, client_secret, domains=(), admins=(), viewers=(
         raise UsageError("the client id must be printable text without spaces")
     doms = []
     for d in domains or ():
-        d2 = d.strip().lower().lstrip("@") if isinstance(d, str) else ""
+        d2 = d.strip().lower().lstrip("@") if isinstance(d, str) and d.isascii() else ""
         if not _HOST_RE.match(d2):
             raise UsageError(f"not an e-mail domain: {d!r}")
         if d2 not in doms:
@@ -766,8 +767,9 @@ class Flows:
                 or parts.fragment or not _PRINTABLE.match(redirect_uri):
             raise SSOError("the redirect URI must be an absolute http(s) URL", http_status=400)
         if not isinstance(next_path, str) or not next_path.startswith("/") \
-                or next_path.startswith("//") or "\\" in next_path:
-            next_path = "/"
+                or next_path.startswith("//") or "\\" in next_path or len(next_path) > 2000 \
+                or any(ord(c) < 0x20 or ord(c) == 0x7f for c in next_path):
+            next_path = "/"         # a browser drops tab/CR/LF: "/\t/host" would be "//host"
         doc = discover(conf["issuer"])
         state, nonce, binding = (secrets.token_urlsafe(32) for _ in range(3))
         verifier = secrets.token_urlsafe(48)             # 64 characters (RFC 7636: 43..128)
@@ -924,7 +926,8 @@ def _find_by_subject(auth, issuer, sub):
 def role_for(identity, conf):
     """The role a new account gets: --admin / --viewer lists, else the role claim mapped by
     role_map (the highest role any group maps to), else the default."""
-    email = (identity.email or "").lower()
+    email = (identity.email or "").strip()
+    email = email.lower() if email.isascii() else ""
     if email in conf.get("admins", []):
         return "admin", "admins"
     if email in conf.get("viewers", []):
@@ -956,10 +959,16 @@ def provision(identity):
         name, rec = _find_by_subject(auth, identity.issuer, identity.sub)
         if name is not None:
             return auth.Principal(name=name, role=rec.get("role"), via="cookie")
-        email = (identity.email or "").strip().lower()
+        email = identity.email.strip() if isinstance(identity.email, str) else ""
         local, _, domain = email.rpartition("@")
         if not local or not domain:
             refuse("no e-mail", "the identity provider gave no e-mail address")
+        if not email.isascii():
+            # before lower(): U+212A KELVIN SIGN lowers to "k" -- "\u212aate@" is not kate@
+            refuse("e-mail not usable as an account name",
+                   "this e-mail address cannot name an account here")
+        email = email.lower()
+        local, _, domain = email.rpartition("@")
         if not identity.email_verified:
             refuse("e-mail not verified", "the identity provider has not verified this e-mail")
         listed = email in conf.get("admins", []) or email in conf.get("viewers", [])
