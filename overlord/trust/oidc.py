@@ -49,6 +49,7 @@ TOKEN_CAP = 64 * 1024      # an ID token larger than this is refused
 DISCOVERY_TTL = 3600
 JWKS_TTL = 3600
 MIN_RSA_BITS = 2048
+MAX_RSA_BITS = 16384       # beyond this (or an exponent over 256 bits) a key is not a key: pow's cost
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -428,7 +429,8 @@ def rsa_verify(n, e, message, signature):
     with len(sig) == k and s < n, m = s^e mod n, and I2OSP(m, k) equal -- byte for byte -- to
     0x00 0x01 FF..FF 0x00 DigestInfo(SHA-256(message)) built here."""
     k = (n.bit_length() + 7) // 8
-    if n.bit_length() < MIN_RSA_BITS or not (3 <= e < n) or e % 2 == 0:
+    if not (MIN_RSA_BITS <= n.bit_length() <= MAX_RSA_BITS) or not (3 <= e < n) \
+            or e % 2 == 0 or e.bit_length() > 256:
         return False
     if len(signature) != k:
         return False
@@ -569,7 +571,8 @@ def _usable_key(jwk):
         return False
     if jwk.get("kty") == "RSA":
         n, e = _b64_int(jwk, "n"), _b64_int(jwk, "e")
-        return bool(n and e and n.bit_length() >= MIN_RSA_BITS)
+        return bool(n and e and MIN_RSA_BITS <= n.bit_length() <= MAX_RSA_BITS
+                    and e.bit_length() <= 256)
     if jwk.get("kty") == "EC" and jwk.get("crv") == "P-256":
         x, y = _b64_int(jwk, "x", 32), _b64_int(jwk, "y", 32)
         return x is not None and y is not None and p256_on_curve((x, y))

@@ -310,6 +310,17 @@ def test_an_rsa_key_under_2048_bits_is_refused(keys):
     refused(token, jwks(k), "signature does not verify")
 
 
+def test_a_key_too_large_to_be_one_is_not_worked_with(keys):
+    """pow() with a megabit modulus or exponent costs seconds: such a key is refused outright."""
+    k = keys["rsa"]
+    big_n = (1 << 20000) + 1
+    t0 = time.monotonic()
+    assert not oidc.rsa_verify(big_n, 65537, b"m", b"\x01" * 2501)
+    assert not oidc.rsa_verify(k.n, (1 << 4096) + 1, b"m", k.sign(b"m"))
+    assert not oidc._usable_key({"kty": "RSA", "n": int_b64(big_n), "e": "AQAB"})
+    assert time.monotonic() - t0 < 1
+
+
 def test_an_unknown_kid_is_its_own_refusal(keys):
     with pytest.raises(oidc._UnknownKey):
         verify(forge(keys["next"], claims()), jwks(keys["rsa"]))
