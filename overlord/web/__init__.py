@@ -9,7 +9,11 @@ library's http.server, calling overlord.ops in-process.
     chats.py     conversations: agent runs in threads, their live events (server-sent events);
                  Stop sets the run's ops.Cancel, which the provider HTTP layer honours
     reviews.py   second-model reviews (ops.review) in threads, their state for the pages to poll
-    settings.py  the workspace's settings (per-provider profiles), validated, stored 0600
+    settings.py  the workspace's settings (per-provider profiles), validated, stored 0600;
+                 each account's own in users/<name>/ui.json
+    roles.py     who may call each route (the rules TABLE in server.py names), ownership
+    accounts.py  sign-in and out (password, single sign-on), whoami, the accounts API, your
+                 own password and script tokens
     pages.py     the HTML templates, filled with escaped values and a per-response nonce
     static/      the pages' CSS and JavaScript, as files (no build step, nothing fetched)
 

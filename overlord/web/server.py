@@ -1,9 +1,18 @@
 """`overlord ui`: a threaded http.server on 127.0.0.1, HTTP/1.1 keep-alive.
 
 One handler class dispatches every request through the same sequence, top to bottom:
-Host (421) -> path (400) -> /healthz -> ?token= exchange (303) -> token (401) -> origin (403)
--> body (411/413/400) -> route (404/405) -> the page, the asset or the API call, whose errors
-become JSON with their status (never a 500 for a client's mistake).
+Host (421) -> path (400) -> /healthz -> ?token= exchange (303) -> the principal (401, or the
+sign-in page) -> origin (403) -> route (404/405) -> body (411/413/400) -> the route's rule
+(roles.py: 404 for another's session, 403 for a viewer's change or a non-admin) -> the page,
+the asset or the API call, whose errors become JSON with their status (never a 500 for a
+client's mistake). TABLE is every route with its handler and its rule.
+
+The principal: while no account exists, the launch token (Bearer or its cookie) is auth.LAUNCH,
+the operator and admin; once one does (auth.enabled(), read per request), a login cookie or an
+`ovl_` bearer token names the account, and the launch token alone names no one. The routes
+that sign in (roles.OPEN) need none. Every request runs under audit.acting_as(the account), so
+what it appends -- through the launcher, and from a conversation's or a review's thread --
+names it.
 
 The server calls overlord.ops in-process. Before its first thread it forks the launcher
 (overlord/ops/launcher.py), which performs every session open and command for it: namespaces never come
