@@ -855,14 +855,15 @@ class Flows:
                            + (f", {_safe(err)}" if err else "") + ")")
         tok = _json_obj(data, "token answer")
         id_token, access = tok.get("id_token"), tok.get("access_token")
-        if not isinstance(id_token, str) or not isinstance(access, str) or not access:
+        if not isinstance(id_token, str) or not isinstance(access, str) or not access \
+                or len(access) > TOKEN_CAP or not _PRINTABLE.match(access):
             raise SSOError("the identity provider's answer has no ID token or access token")
         if str(tok.get("token_type", "")).lower() != "bearer":
             raise SSOError("the identity provider's access token is not a bearer token")
         claims = self.verify(id_token, conf, doc, flow["nonce"])
         at_hash = claims.get("at_hash")
         if at_hash is not None:
-            want = b64url_encode(hashlib.sha256(access.encode("ascii", "replace")).digest()[:16])
+            want = b64url_encode(hashlib.sha256(access.encode("ascii")).digest()[:16])
             if not isinstance(at_hash, str) or not hmac.compare_digest(at_hash, want):
                 raise SSOError("the ID token's at_hash does not match the access token")
         status, rh, data = _http("GET", doc["userinfo_endpoint"],

@@ -618,6 +618,19 @@ def test_a_token_replayed_from_an_earlier_sign_in_is_refused(provider, keys):
         flows.finish(provider.authorize(url, "CODE-2")[0], binding, CALLBACK)
 
 
+@pytest.mark.parametrize("extra", [{"access_token": "AT\r\nX-Evil: 1"}, {"access_token": ""},
+                                   {"access_token": 7}, {"id_token": None},
+                                   {"token_type": "mac"}])
+def test_a_token_answer_out_of_shape_is_a_refusal(provider, keys, extra):
+    provider.make_token = _token_for(provider, keys["rsa"])
+    provider.token_extra = extra
+    flows = oidc.Flows()
+    url, binding = flows.start(CALLBACK, "/")
+    with pytest.raises(SSOError) as info:
+        flows.finish(provider.authorize(url)[0], binding, CALLBACK)
+    assert info.value.http_status == 401
+
+
 def test_the_token_endpoints_refusal_is_a_refusal(provider, keys):
     provider.make_token = _token_for(provider, keys["rsa"])
     flows = oidc.Flows()
