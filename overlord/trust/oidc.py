@@ -280,7 +280,7 @@ def _http(method, url, headers=None, body=None):
         resp = conn.getresponse()
         data = resp.read(HTTP_CAP + 1)
         status, rh = resp.status, {k.lower(): v for k, v in resp.getheaders()}
-    except (OSError, http.client.HTTPException) as e:
+    except (OSError, http.client.HTTPException, ValueError) as e:
         host = parts.hostname
         raise SSOError(f"cannot reach the identity provider at {host}: "
                        f"{getattr(e, 'strerror', None) or e.__class__.__name__}",
