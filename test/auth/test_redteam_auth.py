@@ -327,6 +327,19 @@ def test_case_variants_of_an_email_are_one_account_and_never_taken_over(home):
         auth.check_password("alice@example.com", "", "10.0.0.1")
 
 
+@pytest.mark.xfail(strict=True, reason="hole: `sso off` (or `sso set` naming another issuer) "
+                   "leaves every single sign-on login running: an admin who turns sign-on off "
+                   "because the provider is compromised still has the provider's sign-ins inside, "
+                   "for as long as they are used (7 days idle)")
+def test_turning_single_sign_on_off_ends_its_logins(home):
+    oidc.configure(ISSUER, "cid", "secret", domains=["example.com"])
+    who = oidc.provision(_identity("eve@example.com", sub="sub-eve"))
+    cookie = auth.login_create(who.name)
+    assert auth.login_lookup(cookie).name == "eve@example.com"
+    oidc.off()
+    assert auth.login_lookup(cookie) is None
+
+
 def test_flows_keep_no_next_with_control_characters(home):
     import http.server
     doc = {}
