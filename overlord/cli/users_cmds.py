@@ -5,6 +5,7 @@ A password never comes from the command line (argv is readable by every process 
 machine): it is read from stdin when stdin is not a terminal (one line), else prompted for
 twice without echo. A token is printed once, on stdout alone, so `TOKEN=$(overlord users token
 alice)` keeps it and nothing else."""
+import argparse
 import sys
 
 from overlord.cli import render as R
@@ -40,6 +41,7 @@ def add_parsers(sub):
                       + PASSWORD_NOTE)
     a.add_argument("name", metavar="NAME", help=NAME_HELP)
     a.add_argument("--role", required=True, choices=ROLES, help=ROLE_HELP)
+    _no_password_here(a)
     ls = ps.add_parser("list", help="the accounts, their roles and token counts",
                        description="One line per account: name, role, local or single sign-on, "
                        "when it was made, how many tokens it has.")
@@ -48,6 +50,7 @@ def add_parsers(sub):
                        description="Set the password of a local account; every login of the "
                        "account ends (its script tokens stay). " + PASSWORD_NOTE)
     pw.add_argument("name", metavar="NAME", help=NAME_HELP)
+    _no_password_here(pw)
     r = ps.add_parser("role", help="change an account's role (ends its logins)",
                       description="Change an account's role; every login of the account ends "
                       "(its script tokens stay and speak with the new role).")
@@ -77,6 +80,21 @@ def add_parsers(sub):
                        "next request on.")
     rv.add_argument("name", metavar="NAME", help=NAME_HELP)
     rv.add_argument("token_id", metavar="TOKEN-ID", help="the token's id (12 hex digits)")
+
+
+def _no_password_here(parser):
+    """Take (hidden) what a password on the command line would be -- `--password X`, a word
+    after NAME -- so the refusal can say why without echoing it back (argparse's own error
+    would quote it)."""
+    parser.add_argument("--password", "--passwd", dest="argv_password", help=argparse.SUPPRESS)
+    parser.add_argument("argv_extra", nargs="*", help=argparse.SUPPRESS)
+
+
+def _refuse_argv_password(args):
+    if getattr(args, "argv_password", None) is not None or getattr(args, "argv_extra", None):
+        raise UsageError("a password is never taken from the command line (any process on the "
+                         "machine may read it there): pipe one line on stdin, or type it at the "
+                         "prompt; nothing changed")
 
 
 def cmd_users(args):
@@ -115,6 +133,7 @@ def _strip_cr(password):
 
 
 def _add(auth, args):
+    _refuse_argv_password(args)
     auth.check_local_name(args.name)                 # a bad name is refused before the prompt
     if auth.get(args.name) is not None:
         raise UsageError(f"account {args.name} exists (change it with `overlord users passwd` "
@@ -151,6 +170,7 @@ def _when(ts):
 
 
 def _passwd(auth, args):
+    _refuse_argv_password(args)
     rec = auth.get(auth.check_name(args.name))
     if rec is None:
         raise NotFound(f"no account {args.name}")
