@@ -45,7 +45,7 @@ import re
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from overlord.errors import Conflict, NotFound, OverlordError, UsageError
 from overlord.text import escape_path
@@ -93,13 +93,18 @@ class AuthError(OverlordError):
 class Principal:
     """Who a request speaks for. via: "launch" (accounts off: the launch token's holder),
     "cookie" (a login) or "bearer" (a script token); login: the login's sha256 hex (cookie);
-    token_id: the token's id (bearer)."""
+    token_id: the token's id (bearer). account and gen: the account's id and generation the
+    principal was established against (check_password, login_lookup, bearer): login_create
+    handed such a principal refuses when the account changed since (a password changed, or
+    the name removed and given again, during the sign-in's hash)."""
 
     name: object
     role: str
     via: str
     login: object = None
     token_id: object = None
+    account: object = field(default=None, compare=False, repr=False)   # the account's id ...
+    gen: object = field(default=None, compare=False, repr=False)       # ... and generation
 
     @property
     def actor(self):
@@ -113,6 +118,17 @@ class Principal:
     @property
     def may_change(self):
         return self.role != "viewer"
+
+
+class CheckedName(str):
+    """The name check_password vouches for: a str like any other, which also remembers the
+    account id and generation the password was checked against, so login_create(p.name)
+    refuses a login for an account changed (or removed and given again) since the check."""
+
+    def __new__(cls, name, account, gen):
+        self = super().__new__(cls, name)
+        self.account, self.gen = account, gen
+        return self
 
 
 LAUNCH = Principal(name=None, role="admin", via="launch")   # accounts off: the launch token holder
@@ -479,17 +495,29 @@ def add(name, role, password=None, sso=None, by=None):
     with _changing() as data:
         if name in data["users"]:
             raise Conflict(f"account {name} exists")
+        owned = _sessions_owned(name)
+        if owned:
+            raise Conflict(f"{name} is the owner of {owned} session(s) of a removed account: a "
+                           "new account cannot take its name (they would be its); choose "
+                           "another name")
         if identity is not None:
             for rec in data["users"].values():
                 s = rec.get("sso")
                 if s and s["issuer"] == identity["issuer"] and s["sub"] == identity["sub"]:
                     raise Conflict(f"that identity already has the account {rec['name']}")
+        _set_aside(name, "stale")             # a new account starts with an empty folder
         ensure_user_dir(name)
         data["users"][name] = {"name": name, "role": role, "created": round(time.time(), 3),
                                "id": secrets.token_hex(8), "gen": 1, "password": stored,
                                "sso": identity}
     audit.append("user.add", **_details(by, name=name, role=role, sso=identity is not None))
     return public(name)
+
+
+def _sessions_owned(name):
+    """How many session records name `name` as their owner (sessions record the owner by
+    name: a name once given keeps its sessions)."""
+    return sum(1 for meta in store.list_metas() if meta.get("owner") == name)
 
 
 def passwd(name, password, by=None, keep_login=None):
@@ -549,12 +577,14 @@ def remove(name, by=None):
     return {"name": name, "tokens": len(gone), "logins": ended, "kept": kept}
 
 
-def _set_aside(name):
+def _set_aside(name, why="removed"):
+    """Rename users/<name>/ (whatever it is: a folder, a link) to users/.<why>-<name>-<UTC
+    stamp>; its new path, or None when there was nothing."""
     where = user_dir(name)
     if not os.path.lexists(where):
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = os.path.join(os.path.dirname(where), f".removed-{name}-{stamp}")
+    base = os.path.join(os.path.dirname(where), f".{why}-{name}-{stamp}")
     aside, i = base, 1
     while os.path.lexists(aside):
         i += 1
@@ -640,7 +670,8 @@ def bearer(token):
     used = t.get("used")
     if not _num(used) or time.time() - used >= TOUCH_EVERY:
         _touch_token(m.group(1))
-    return Principal(name=rec["name"], role=rec["role"], via="bearer", token_id=m.group(1))
+    return Principal(name=rec["name"], role=rec["role"], via="bearer", token_id=m.group(1),
+                     account=rec["id"], gen=rec["gen"])
 
 
 def _touch_token(tid):
@@ -713,8 +744,20 @@ def _drop(p):
 def login_create(name, via=None):
     """Start a login for the account: the cookie's value (shown to the browser once, never
     stored); the file is keyed by its sha256. Audited auth.login (name, via: "password" for a
-    local account, "sso" for a single sign-on one, unless told)."""
+    local account, "sso" for a single sign-on one, unless told).
+
+    `name` may be the Principal check_password returned, or its .name (a CheckedName): then
+    the login is refused (AuthError 401) when the account is no longer the one checked -- its
+    password or role changed, or it was removed and the name given again, meanwhile."""
+    if isinstance(name, Principal):
+        stamp, name = (name.account, name.gen), name.name
+    else:
+        stamp = (getattr(name, "account", None), getattr(name, "gen", None))
     rec = _account(_load(), name)
+    if (stamp[0] is not None and stamp[0] != rec["id"]) or \
+            (stamp[1] is not None and stamp[1] != rec["gen"]):
+        raise AuthError("the account changed while signing in: sign in again")
+    name = str(name)
     via = via or ("sso" if rec.get("sso") else "password")
     audit.ready()
     cookie = secrets.token_urlsafe(32)
@@ -770,7 +813,8 @@ def login_lookup(cookie_value):
         return None
     if now - rec["seen"] >= TOUCH_EVERY:
         _touch_login(p, rec, now)
-    return Principal(name=acct["name"], role=acct["role"], via="cookie", login=digest)
+    return Principal(name=acct["name"], role=acct["role"], via="cookie", login=digest,
+                     account=acct["id"], gen=acct["gen"])
 
 
 def _touch_login(p, seen_rec, now):
@@ -926,9 +970,15 @@ def check_password(name, password, address):
     if "@" in name:
         raise AuthError("sign in with single sign-on: this name is a single sign-on account")
     rec = _load()["users"].get(name) if LOCAL_NAME.match(name) else None
-    if _verify(rec.get("password") if rec else None, password) and rec is not None:
+    right = _verify(rec.get("password") if rec else None, password) and rec is not None
+    held = lockout.locked(key, address)        # again: a lock may have come while hashing
+    if held is not None:                       # (a burst of guesses waiting for a hash slot)
+        raise AuthError(f"too many failed sign-ins: try again in {math.ceil(held[2])} s",
+                        retry_after=max(1, math.ceil(held[2])))
+    if right:
         lockout.succeeded(key)
-        return Principal(name=rec["name"], role=rec["role"], via="cookie")
+        return Principal(name=CheckedName(rec["name"], rec["id"], rec["gen"]), role=rec["role"],
+                         via="cookie", account=rec["id"], gen=rec["gen"])
     new = lockout.failed(key, address)
     audit.append("auth.login_failed", name=key[:64], address=address)
     for kind, k, seconds in new:

@@ -556,3 +556,28 @@ def test_can_see_and_can_change():
     assert not auth.can_see(nameless, cli) and not auth.can_change(nameless, cli)
     assert auth.LAUNCH.actor is None and auth.LAUNCH.is_admin and auth.LAUNCH.may_change
     assert op.actor == "account:op" and op.may_change and not op.is_admin
+
+
+def test_a_new_account_never_adopts_what_its_folder_held(home):
+    """users/<name>/ left by anything before the account (notes accepted for a removed owner,
+    a planted link) is set aside at add: a new account starts empty."""
+    (home / "users" / "wes").mkdir(parents=True, mode=0o700)
+    (home / "users" / "wes" / "memory.md").write_text("someone else's notes\n")
+    os.symlink(home / "users" / "wes", home / "users" / "xan")
+    auth.add("wes", "operator", password=PW)
+    auth.add("xan", "operator", password=PW)
+    for name in ("wes", "xan"):
+        d = home / "users" / name
+        assert d.is_dir() and not d.is_symlink() and list(d.iterdir()) == []
+    stale = sorted(p.name for p in (home / "users").iterdir() if p.name.startswith(".stale-"))
+    assert [s.split("-")[1] for s in stale] == ["wes", "xan"]
+
+
+def test_a_login_from_a_stale_check_is_refused(home):
+    auth.add("yul", "operator", password=PW)
+    checked = auth.check_password("yul", PW, None)
+    assert checked.name == "yul" and isinstance(checked.name, str)
+    auth.set_role("yul", "viewer")                       # the account changed after the check
+    with pytest.raises(auth.AuthError, match="changed while signing in"):
+        auth.login_create(checked.name)
+    assert auth.login_lookup(auth.login_create("yul")).role == "viewer"   # a name alone: made
