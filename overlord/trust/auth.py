@@ -25,7 +25,14 @@ refused, never used):
   use ("seen" is touched at most once a minute), at sign-out, when the account is removed and,
   for all but the login that made it, at a password or role change.
 - Lockout (in this process): 5 failed sign-ins within 300 s lock the name and, separately, the
-  address for 60 s; the table is pruned as it goes and bounded.
+  address for 60 s; the table is pruned as it goes and bounded. It is read before the hash and
+  again after it, so a burst of guesses queued for a hash slot is refused once a lock starts.
+- check_password's principal carries the account id and generation it checked (its .name is a
+  CheckedName, a str that remembers them): login_create refuses a login for an account that
+  changed, or was removed and given again, during the check.
+- A new account starts with an empty users/<name>/ (whatever was there is set aside as
+  users/.stale-<name>-<stamp>), and a name that still owns sessions of a removed account is
+  refused (sessions record their owner by name).
 
 Every change is an audited act (user.*, auth.*); the actor of the line is whoever the caller
 acts as (audit.acting_as) -- this module never invents one. Details never carry a password,
