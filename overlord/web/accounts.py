@@ -54,7 +54,8 @@ def safe_next(value):
         return "/"
     if value.startswith(("/login", "/sso/", "/api/")):
         return "/"
-    return value
+    # a Location header is Latin-1 at most: anything beyond ASCII goes %-encoded
+    return "".join(c if c.isascii() else urllib.parse.quote(c) for c in value)
 
 
 def cookie(app, base, value, max_age, lax=False):
@@ -131,6 +132,7 @@ def sso_start(app, req):
     from overlord.web.server import Redirect
     if not sso_on():
         raise OverlordError("single sign-on is not configured (overlord sso set)", http_status=404)
+    app.sso_budget(req.address)
     url, binding = app.sso_flows().start(origin_of(app, req) + "/sso/callback",
                                          safe_next(req.query.get("next")))
     return Redirect(url, cookie(app, SSO, binding, SSO_AGE, lax=True))
@@ -221,7 +223,8 @@ def user_remove(app, req, name):
 
 def my_password(app, req):
     """{old, new}: the old password proves it is you (a wrong one counts toward the lockout);
-    your other logins end, this one stays."""
+    your other logins end, this one stays. Signed in only (roles.PERSON: not with a script
+    token)."""
     auth = _auth()
     p = req.principal
     if "@" in p.name:
@@ -240,7 +243,8 @@ def my_tokens(app, req):
 
 
 def my_token_mint(app, req):
-    """{label}: a script token (`Authorization: Bearer ovl_...`), shown this once."""
+    """{label}: a script token (`Authorization: Bearer ovl_...`), shown this once. Signed in
+    only (roles.PERSON): a token never mints another."""
     label = _text(req.body or {}, "label", MAX_LABEL, required=False)
     token_id, token = _auth().mint_token(req.principal.name, label=label or None,
                                          by=req.principal.name)

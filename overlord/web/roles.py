@@ -11,8 +11,11 @@ for every request before the handler runs.
              not for a viewer (403)
     AUDIT    the audit log: admins and viewers (the launch token holder too)
     ADMIN    accounts, machine skills: admins only (403)
-    ACCOUNT  your own account (password, script tokens): a signed-in account, not the launch
-             token (409 while there are no accounts)
+    ACCOUNT  your own account (its script tokens listed, one revoked): a signed-in account,
+             not the launch token (409 while there are no accounts)
+    PERSON   as ACCOUNT, and signed in with a login, not a script token (403): changing the
+             password, minting a token -- a leaked token must not mint its successor or take
+             the account over, outliving its own revocation
 
 A principal is overlord.trust.auth's Principal: auth.LAUNCH while no account exists (the
 holder of the launch token is the operator and admin, as before), else the account a login
@@ -22,9 +25,9 @@ meta (its `owner`; CLI sessions have none and are the admin's).
 from overlord import ops
 from overlord.errors import NotFound, OverlordError
 
-OPEN, ANY, SEE, CHANGE, WRITE, AUDIT, ADMIN, ACCOUNT = (
-    "open", "any", "see", "change", "write", "audit", "admin", "account")
-RULES = (OPEN, ANY, SEE, CHANGE, WRITE, AUDIT, ADMIN, ACCOUNT)
+OPEN, ANY, SEE, CHANGE, WRITE, AUDIT, ADMIN, ACCOUNT, PERSON = (
+    "open", "any", "see", "change", "write", "audit", "admin", "account", "person")
+RULES = (OPEN, ANY, SEE, CHANGE, WRITE, AUDIT, ADMIN, ACCOUNT, PERSON)
 
 
 class Unauthorized(OverlordError):
@@ -71,11 +74,13 @@ def check(rule, principal, sid=None):
         if not principal.is_admin:
             raise Forbidden("only an administrator may do this")
         return None
-    if rule == ACCOUNT:
+    if rule in (ACCOUNT, PERSON):
         if principal.name is None:
             raise OverlordError("there are no accounts on this machine (sign-in is off): "
                                 "`overlord users add NAME --role admin` makes the first",
                                 http_status=409)
+        if rule == PERSON and principal.via != "cookie":
+            raise Forbidden("this needs you signed in (a login), not a script token")
         return None
     raise Forbidden("this route has no rule: refused")       # fail closed
 

@@ -108,9 +108,9 @@ TABLE = (
     (("POST", ("api", "users")), accounts.user_add, R.ADMIN),
     (("PUT", ("api", "users", USER)), accounts.user_change, R.ADMIN),
     (("DELETE", ("api", "users", USER)), accounts.user_remove, R.ADMIN),
-    (("POST", ("api", "me", "password")), accounts.my_password, R.ACCOUNT),
+    (("POST", ("api", "me", "password")), accounts.my_password, R.PERSON),
     (("GET", ("api", "me", "tokens")), accounts.my_tokens, R.ACCOUNT),
-    (("POST", ("api", "me", "tokens")), accounts.my_token_mint, R.ACCOUNT),
+    (("POST", ("api", "me", "tokens")), accounts.my_token_mint, R.PERSON),
     (("DELETE", ("api", "me", "tokens", TOKEN_ID)), accounts.my_token_revoke, R.ACCOUNT),
 )
 ROUTES = {key: handler for key, handler, _ in TABLE}
@@ -154,6 +154,7 @@ class App:
         self.flows = None             # single sign-on's pending flows (oidc.Flows), made on use
         self._lock = threading.Lock()
         self._own = {}                # account name -> its Settings (users/<name>/ui.json)
+        self._sso_starts = {}         # address -> when it started its pending sign-ins
 
     def settings_for(self, principal):
         """The settings a request reads and writes: the account's own (users/<name>/ui.json),
@@ -167,6 +168,27 @@ class App:
                 own = self._own[name] = S.Settings(self.settings.default_folder,
                                                    path=S.user_path(name))
             return own
+
+    SSO_PER_ADDRESS = 20          # sign-ins one address may have pending (the flows' ten minutes)
+    SSO_ADDRESSES = 10000
+
+    def sso_budget(self, address):
+        """Refuse (429) an address starting more than SSO_PER_ADDRESS sign-ins within the flows'
+        lifetime: the pending flows are one bounded table for the server, and one client must
+        not push every other browser's sign-in out of it."""
+        from overlord.ops import sso
+        key = transport.client_key(address) if address else ""
+        now = time.monotonic()
+        with self._lock:
+            starts = [t for t in self._sso_starts.pop(key, ()) if now - t < sso.FLOW_TTL]
+            if len(starts) >= self.SSO_PER_ADDRESS:
+                self._sso_starts[key] = starts
+                raise OverlordError("too many single sign-ons started from this address: finish "
+                                    "one, or wait", http_status=429)
+            starts.append(now)
+            self._sso_starts[key] = starts
+            while len(self._sso_starts) > self.SSO_ADDRESSES:
+                del self._sso_starts[next(iter(self._sso_starts))]
 
     def sso_flows(self):
         with self._lock:
@@ -323,9 +345,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.who = (principal.name or "launch") if principal is not None else None
         if principal is None and self.rule_of(segments) != R.OPEN:
             self.close_if_body()
+            need_account = accounts_on or not getattr(guard, "loopback", True)
             if api_call or self.command != "GET":
-                raise HTTPError(401, R.sign_in_words(accounts_on))
-            if accounts_on:
+                raise HTTPError(401, R.sign_in_words(need_account))
+            if need_account:
                 return self.signin_page(401, {"next": self.path})
             return self.page(401, "unauthorized.html")
         # no principal (an open route): a script's request (no Origin, no Sec-Fetch-Site) may
@@ -362,6 +385,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         the account; the launch token alone names no one."""
         guard = self.app.guard
         if not accounts_on:
+            if not getattr(guard, "loopback", True):
+                return None, None        # beyond loopback the launch token never does (the
+                #                          last account removed while the server runs)
             how = guard.principal(self.headers)
             return (auth.LAUNCH, how) if how else (None, None)
         value = self.headers.get("Authorization", "")
@@ -458,7 +484,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             raise HTTPError(401, "that token is not this server's launch token")
         rest = urllib.parse.urlencode([(k, v) for k, v in query.items() if k != "token"])
         location = "/" + "/".join(urllib.parse.quote(s) for s in segments) + (f"?{rest}" if rest else "")
-        if accounts_on:
+        if accounts_on or not getattr(self.app.guard, "loopback", True):
             return Redirect("/login?" + urllib.parse.urlencode({"next": location}))
         return Redirect(location, self.app.guard.set_cookie())
 

@@ -193,9 +193,6 @@ def test_a_form_sign_in_never_splits_a_header_or_leaves(server):
         assert len(header(headers, "Set-Cookie")) == 1 and "evil" not in str(headers)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a local next outside Latin-1 ('/\u2603') passes "
-                   "safe_next and the Location header cannot be encoded: the right password "
-                   "gets a 500 and a traceback, and the login just made is lost")
 def test_a_form_sign_in_with_a_unicode_next_is_a_redirect(home, target):
     add("ada")
     ui = UI(home, target)
@@ -222,10 +219,6 @@ def test_the_sign_in_page_escapes_next_and_error(server):
 
 # -- script tokens ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="hole: a script token may mint more tokens (POST "
-                   "/api/me/tokens with Authorization: Bearer ovl_...): a leaked token mints a "
-                   "successor and outlives its own revocation -- 'revocable one by one' holds only "
-                   "for tokens a thief did not copy forward")
 def test_a_script_token_cannot_mint_its_successor(server):
     add("olive")
     tid, token = auth.mint_token("olive", label="ci")
@@ -239,10 +232,6 @@ def test_a_script_token_cannot_mint_its_successor(server):
 # -- the machine's shared provider key ------------------------------------------------------------
 
 @pytest.mark.parametrize("who", ["vera", "olive"])
-@pytest.mark.xfail(strict=True, reason="hole: GET /api/models (rule ANY) takes base_url from the "
-                   "query and calls it with the account's key -- else the machine's shared key "
-                   "the admin provisioned (`overlord keys set`): a viewer, who changes nothing, "
-                   "or an operator reads the shared key off a listener of its own")
 def test_the_machines_key_is_not_sent_to_a_url_an_account_chose(server, who):
     import http.server
     import threading
@@ -280,10 +269,6 @@ def test_the_machines_key_is_not_sent_to_a_url_an_account_chose(server, who):
 
 # -- single sign-on: one anonymous client against everyone's pending sign-ins ----------------------
 
-@pytest.mark.xfail(strict=True, reason="hole: the pending single sign-on flows are one bounded "
-                   "table for the whole server (FLOW_MAX, oldest dropped first) and /sso/start is "
-                   "open: one anonymous address starting a thousand flows (well under the rate "
-                   "limit) evicts every other browser's sign-in in progress")
 def test_one_client_cannot_evict_another_browsers_sign_in(server):
     import http.server
     import threading
@@ -346,11 +331,6 @@ def test_one_client_cannot_evict_another_browsers_sign_in(server):
 
 # -- beyond loopback, the launch token must never do -------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="hole: the beyond-loopback rule (accounts and TLS) is "
-                   "checked only at start: when the last account is removed while the server "
-                   "runs on 0.0.0.0, sign-in turns off and the launch token alone (ui.token, or "
-                   "any old ?token= link) is the admin again from the network -- Guard.loopback "
-                   "is never consulted by identify()")
 def test_beyond_loopback_the_launch_token_never_does_even_after_the_last_account_goes(
         home, target, tmp_path):
     from conftest import Ovl

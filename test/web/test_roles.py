@@ -9,7 +9,6 @@ Expectations: OK (allowed: not 401/403/404, no 5xx), OK404 (allowed, and what it
 exist: 404 is the handler's own answer), or the status the refusal must have. Bodies are the
 smallest that pass the gate and stop at the handler's validation where a call would change
 things (commit {"force": "x"} is a 400), so the walk changes little."""
-import http.client
 import json
 import os
 
@@ -34,6 +33,7 @@ AUDIT = (401, 401, OK, 403, 403, OK)
 OPEN = (OK, OK, OK, OK, OK, OK)
 OPEN404 = (OK404,) * 6
 ACCOUNT = (401, 401, OK, OK, OK, OK)
+PERSON_BY_TOKEN = (401, 401, 403, 403, 403, 403)     # a script token never does (a login does)
 ACCOUNT404 = (401, 401, OK404, OK404, OK404, OK404)
 A404 = (401, 401, OK404, OK404, OK404, OK404)
 
@@ -83,9 +83,9 @@ EXPECTED = {
     ("POST", ("api", "users")): (ADMIN, "", {}),
     ("PUT", ("api", "users", USER_SEG)): (ADMIN, "", {}),
     ("DELETE", ("api", "users", USER_SEG)): (ADMIN, "", None),
-    ("POST", ("api", "me", "password")): (ACCOUNT, "", {}),
+    ("POST", ("api", "me", "password")): (PERSON_BY_TOKEN, "", {}),
     ("GET", ("api", "me", "tokens")): (ACCOUNT, "", None),
-    ("POST", ("api", "me", "tokens")): (ACCOUNT, "", {"label": "walk"}),
+    ("POST", ("api", "me", "tokens")): (PERSON_BY_TOKEN, "", {"label": "walk"}),
     ("DELETE", ("api", "me", "tokens", TOKEN_SEG)): (ACCOUNT404, "", None),
 }
 
@@ -187,7 +187,7 @@ def test_another_operators_session_is_as_if_it_did_not_exist(team):
         assert theirs[1].replace(sid.encode(), ghost.encode()) == none[1]
 
 
-def listing(ui, token, path, key):
+def listing(ui, token, path):
     r = ui.request("GET", path, auth=False, headers={"Authorization": f"Bearer {token}"})
     assert r.status == 200, r.body
     return r
@@ -196,16 +196,16 @@ def listing(ui, token, path, key):
 def test_listings_are_filtered_and_may_write_says_who_writes(team):
     ui, sid, tokens = team
     for who, sees in (("owner", True), ("other", False), ("viewer", True), ("admin", True)):
-        rows = listing(ui, tokens[who], "/api/sessions", "sessions").json["sessions"]
+        rows = listing(ui, tokens[who], "/api/sessions").json["sessions"]
         assert (sid in [r["sid"] for r in rows]) is sees, who
-        chats = listing(ui, tokens[who], "/api/chats", "chats").json["chats"]
+        chats = listing(ui, tokens[who], "/api/chats").json["chats"]
         assert (sid in [c["sid"] for c in chats]) is sees, who
-        page = listing(ui, tokens[who], "/console", None).body
+        page = listing(ui, tokens[who], "/console").body
         assert (sid.encode() in page) is sees, who
-    owner_rows = listing(ui, tokens["owner"], "/api/sessions", "sessions").json["sessions"]
+    owner_rows = listing(ui, tokens["owner"], "/api/sessions").json["sessions"]
     assert [r["owner"] for r in owner_rows if r["sid"] == sid] == ["olive"]
     for who, may in (("owner", True), ("viewer", False), ("admin", True)):
-        d = listing(ui, tokens[who], f"/api/chats/{sid}", None).json
+        d = listing(ui, tokens[who], f"/api/chats/{sid}").json
         assert d["may_write"] is may, who
 
 
@@ -269,3 +269,17 @@ def test_the_account_acts_on_the_chain_from_its_threads_too(team):
     mine = {r["action"]: r["actor"] for r in records if r.get("sid") == sid}
     assert mine.get("session.open") == "account:olive", mine
     assert mine.get("review.verdict") == "account:olive", mine
+
+
+def test_a_login_may_do_what_a_script_token_may_not(team):
+    """roles.PERSON: with a login (not a token) an account mints a token and reaches the
+    password check (a wrong old password is the check's 401, not the rule's 403)."""
+    ui, sid, tokens = team
+    from overlord.ops import auth
+    value = auth.login_create("vera")
+    h = {"Cookie": f"overlord_login={value}", "Origin": ui.base}
+    r = ui.request("POST", "/api/me/tokens", body={"label": "mine"}, auth=False, headers=h)
+    assert r.status == 200 and r.json["token"].startswith("ovl_")
+    r = ui.request("POST", "/api/me/password", body={"old": "not-it", "new": "new-password-1"},
+                   auth=False, headers=h)
+    assert r.status == 401
