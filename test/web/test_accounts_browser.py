@@ -181,6 +181,10 @@ def test_sign_in_with_a_password_lands_on_the_page_asked_for_and_sign_out_ends_i
     expect(page.locator("#audit-link")).to_be_visible()
     [cookie] = login_cookies(page)
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    page.set_viewport_size({"width": 390, "height": 844})          # the top bar fits a phone
+    no_overflow(page)
+    shot(page, "console-signed-in-390.png", tmp_path)
+    page.set_viewport_size({"width": 1440, "height": 900})
     # the rail of the workspace names who is signed in
     page.goto(server.base + "/")
     expect(page.locator("#rail-user")).to_be_visible()
@@ -216,6 +220,7 @@ def test_an_admin_adds_an_operator_and_a_viewer_and_each_sees_what_the_role_allo
     expect(admin.locator("#nav-accounts")).to_be_visible()
     expect(admin.locator("#a-list .account-row")).to_have_count(1)
     expect(account_row(admin, "ada")).to_contain_text("(you)")
+    assert account_row(admin, "ada").get_by_role("button", name="Remove", exact=True).count() == 0
     # every refusal next to its field: the browser's own checks, then the server's
     pages.allowed.append("status of 400")
     pages.allowed.append("status of 409")
@@ -267,6 +272,11 @@ def test_an_admin_adds_an_operator_and_a_viewer_and_each_sees_what_the_role_allo
     tmp.get_by_role("button", name="Set password", exact=True).click()
     expect(tmp.locator(".account-status")).to_contain_text("reset")
     shot(admin, "settings-accounts-1440.png", tmp_path)
+    admin.set_viewport_size({"width": 390, "height": 844})        # Accounts fits a phone
+    no_overflow(admin)
+    assert admin.locator("#settings").evaluate("d => d.scrollWidth <= d.clientWidth")
+    shot(admin, "settings-accounts-390.png", tmp_path)
+    admin.set_viewport_size({"width": 1440, "height": 900})
     tmp.get_by_role("button", name="Remove", exact=True).click()
     tmp.locator(".account-edit").get_by_role("button", name="Remove", exact=True).click()
     expect(admin.locator("#a-status")).to_have_text("Removed tmp.")
@@ -348,9 +358,11 @@ def test_your_own_password_and_a_script_token_shown_once(server, cli, pages, tmp
     expect(page.locator("#me-password-status")).to_contain_text("Password changed")
     expect(page.locator("#settings")).to_be_visible()
     assert page.locator("#me-old").input_value() == ""
-    # the other browser's login ended; this one goes on
-    other.reload()
-    expect(other.locator("#signin-form")).to_be_visible()
+    # the other browser's login ended: its next read sends it to sign in again; this one goes on
+    other.click("#open-settings")
+    other.wait_for_url("**/login?*error=expired*")
+    expect(other.locator("#signin-error")).to_contain_text("ended")
+    assert other.locator("#signin-next").input_value() == "/"
     assert as_(server, token_of(cli, "bo"), "GET", "/api/whoami")["name"] == "bo"
     # a script token: minted, shown once with a copy button, listed, used, revoked
     page.fill("#me-token-label", "nightly ci")

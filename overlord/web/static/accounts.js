@@ -293,7 +293,7 @@ const ACCOUNTS = (() => {
     const buttons = [
       ["Change role", () => roleEditor(u, edit, status)],
       sso ? null : ["Reset password", () => passwordEditor(u, edit, status)],
-      ["Remove", () => removeConfirm(u, edit, status)],
+      self ? null : ["Remove", () => removeConfirm(u, edit, status)],     /* another admin removes you */
     ].filter(Boolean).map(([label, fn]) => h("button", {class: `button ghost small${label === "Remove" ? " danger-text" : ""}`,
                                                         type: "button", onclick: fn}, label));
     const meta = [sso ? "single sign-on" : "password", u.created ? `added ${when(u.created)}` : null,
