@@ -51,12 +51,24 @@ def write_private(target, data):
 
 def _load(owner=None):
     p = path(owner)
+    dfd = None
+    if owner is not None:
+        # users/<owner>/ itself is never followed through a link (nor users/): opened
+        # O_DIRECTORY|O_NOFOLLOW and checked ours, the file opened at it
+        from overlord.ops.home import open_user_dir
+        dfd = open_user_dir(owner)
+        if dfd is None:
+            return {}
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.basename(p) if dfd is not None else p,
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
         return {}
     except OSError as e:
         raise OverlordError(f"cannot read the key file {p}: {e.strerror}") from None
+    finally:
+        if dfd is not None:
+            os.close(dfd)
     with os.fdopen(fd, encoding="utf-8") as f:
         st = os.fstat(f.fileno())
         if st.st_uid != os.geteuid():
@@ -86,15 +98,23 @@ def _stored(data, provider):
 def get(provider, owner=None):
     """The key to use for a provider, or None: the owner's own key (when an owner is named),
     else the environment, else the machine's key file."""
+    return resolve(provider, owner)[0]
+
+
+def resolve(provider, owner=None):
+    """(key, source) as get() resolves it: source "own" (the owner's keys.json), "env",
+    "store" (the machine's keys.json) or None (no key). "env" and "store" are the machine's
+    shared key: for an owner it goes only to the provider's own endpoint (ops.agent.endpoint)."""
     _check(provider)
     if owner is not None:
         own = _stored(_load(owner), provider)
         if own:
-            return own
+            return own, "own"
     env = os.environ.get(ENV[provider])
     if env:
-        return env
-    return _stored(_load(), provider)
+        return env, "env"
+    stored = _stored(_load(), provider)
+    return (stored, "store") if stored else (None, None)
 
 
 def set(provider, key, owner=None):  # noqa: A001 -- the module's verb, as in `overlord keys set`

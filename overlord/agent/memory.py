@@ -48,6 +48,7 @@ import time
 
 from overlord.agent import tools as T
 from overlord.agent import transcript
+from overlord.errors import OverlordError
 from overlord.text import escape_path
 from overlord.txn import retain, store
 
@@ -86,6 +87,29 @@ def user_path(owner=None):
         return os.path.join(store.home(), USER_FILE)
     from overlord.ops.home import user_dir
     return os.path.join(user_dir(owner), USER_FILE)
+
+
+def read_user(owner=None, cap=None, label=None):
+    """read_notes of the person's notes (user_path(owner)), newest `cap` bytes (CAPS["user"]
+    unless told). An account's users/<owner>/ is opened O_DIRECTORY|O_NOFOLLOW and must be a
+    folder of ours (ops.home.open_user_dir) and memory.md is read at it: a users/<owner> that
+    is a link (users/bob -> alice) or not ours is a warning, never another's notes."""
+    cap = CAPS["user"] if cap is None else cap
+    label = label or user_label(owner)
+    if owner is None:
+        return read_notes(user_path(owner), cap, label=label)
+    from overlord.ops.home import open_user_dir
+    user_path(owner)                       # a name that is not an account name is refused
+    try:
+        dfd = open_user_dir(owner)
+    except OverlordError as exc:           # (one line: which folder, and why)
+        return Read(warning=f"{label} not read: {exc}")
+    if dfd is None:
+        return Read()
+    try:
+        return read_notes(USER_FILE, cap, dir_fd=dfd, label=label)
+    finally:
+        os.close(dfd)
 
 
 def user_label(owner=None):
@@ -337,7 +361,7 @@ def gather(target, owner=None):
             os.close(dfd)
     _notes("project", project, got, PROJECT_HEAD, sources, blocks)
     path = user_path(owner)
-    _notes("user", path, read_notes(path, CAPS["user"], label=f"your notes ({user_label(owner)})"),
+    _notes("user", path, read_user(owner, label=f"your notes ({user_label(owner)})"),
            USER_HEAD, sources, blocks)
     entries, digest = journal_entries(target)
     lines = [journal_line(e) for e in entries]

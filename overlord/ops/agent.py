@@ -74,11 +74,28 @@ def endpoint(provider=None, model=None, base_url=None, headers=None, knobs=None,
     ep = Endpoint(provider, model=model, base_url=base_url or providers.default_base_url(provider),
                   headers=dict(headers or {}), script=script, **knobs)
     if need_key and provider not in ("scripted",):
-        ep.api_key = key_store.get(provider, owner)
+        ep.api_key = _key_for(provider, ep.base_url, owner)
         if not ep.api_key and provider != "openai-compatible":
             raise OverlordError(f"no key for {provider}: set {key_store.ENV[provider]} or run "
                                 f"`overlord keys set {provider}`")
     return ep
+
+
+def _key_for(provider, base_url, owner=None):
+    """The key for a call to base_url: key_store's resolution. For an owner (an account), the
+    machine's shared key -- the environment's or the machine's keys.json, not the account's
+    own -- goes only to the provider's own endpoint (its built-in default URL): any other URL
+    is one the account chose, and would read the key off a listener of its own; refused here,
+    before any connection. owner None (the CLI, the launch token) is as it always was."""
+    key, source = key_store.resolve(provider, owner)
+    if owner is not None and key and source in ("env", "store"):
+        own = providers.default_base_url(provider)
+        if base_url and (not own or base_url.rstrip("/") != own.rstrip("/")):
+            url = "".join(c if c.isprintable() else "?" for c in base_url)[:300]
+            raise OverlordError(f"the machine's shared key goes only to {provider}'s own "
+                                f"endpoint; set your own key (Settings) for {url}",
+                                http_status=403)
+    return key
 
 
 def _recordable(ep):
@@ -100,7 +117,7 @@ def _recorded_endpoint(rec, headers, owner=None):
     fields["headers"] = merged
     ep = Endpoint(**fields)
     if ep.provider != "scripted":
-        ep.api_key = key_store.get(ep.provider, owner)
+        ep.api_key = _key_for(ep.provider, ep.base_url, owner)
         if not ep.api_key and ep.provider != "openai-compatible":
             raise OverlordError(f"no key for {ep.provider}: set {key_store.ENV[ep.provider]} or "
                                 f"run `overlord keys set {ep.provider}`")

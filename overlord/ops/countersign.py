@@ -97,16 +97,19 @@ def _current_fingerprint(session, selection):
 
 
 def review(sid, *, provider=None, model=None, base_url=None, headers=None, knobs=None, script=None,
-           api=None, azure_api_version=None, same_model=False, only=(), drop=(), on_event=None):
+           api=None, azure_api_version=None, same_model=False, only=(), drop=(), on_event=None,
+           owner=None):
     """Have a second model review the session's pending change; returns the verdict (the
-    record session.meta["reviews"] keeps, see trust/verdict.py)."""
+    record session.meta["reviews"] keeps, see trust/verdict.py). owner: the account asking
+    (its own key first; the machine's shared key only to the provider's own endpoint --
+    ops.agent.endpoint), None for the CLI."""
     session = get_session(sid)
     _require_open(session)
     knobs = dict(knobs or {})
     for key, value in (("api", api), ("azure_api_version", azure_api_version)):
         if value is not None:
             knobs[key] = value
-    ep = endpoint(provider, model, base_url, headers, knobs, script)
+    ep = endpoint(provider, model, base_url, headers, knobs, script, owner=owner)
     reviewer = V.model_id(ep.provider, _served_model(ep))
     agent = V.agent_model(session.meta)
     if agent is not None and reviewer == agent and not same_model:

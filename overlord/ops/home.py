@@ -69,3 +69,46 @@ def ensure_user_dir(name):
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             raise OverlordError(f"refusing {d}: not a directory of yours")
     return where
+
+
+def open_user_dir(name):
+    """A descriptor of users/<name>/ for reading the account's files at it (os.open(file,
+    ..., dir_fd=fd), O_NOFOLLOW), or None when the account has no folder yet. Neither users/
+    nor users/<name> is followed through a symbolic link: a link, a non-directory or a folder
+    another user owns there is refused (OverlordError, one line) -- users/bob -> alice never
+    reads alice's keys or notes as bob's. The caller closes the descriptor."""
+    import errno
+    import os
+    import stat
+    from overlord.errors import OverlordError
+    where = user_dir(name)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = None
+    for label, component in (("OVERLORD_HOME/users", None), (f"OVERLORD_HOME/users/{name}", name)):
+        try:
+            if component is None:
+                nfd = os.open(os.path.dirname(where), flags)
+            else:
+                nfd = os.open(component, flags, dir_fd=fd)
+        except FileNotFoundError:
+            nfd = None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                if fd is not None:
+                    os.close(fd)
+                raise OverlordError(f"refusing {label}: not a directory of yours (a symbolic "
+                                    "link or another file); nothing read through it") from None
+            if fd is not None:
+                os.close(fd)
+            raise OverlordError(f"cannot read {label}: {exc.strerror}") from None
+        if fd is not None:
+            os.close(fd)
+        fd = nfd
+        if fd is None:
+            return None
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise OverlordError(f"refusing {label}: not a directory of yours (owned by uid "
+                                f"{st.st_uid}); nothing read through it")
+    return fd

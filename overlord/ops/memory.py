@@ -110,7 +110,7 @@ def _encode(text):
 
 
 def _read_user(owner=None):
-    return M.read_notes(M.user_path(owner), 1 << 30, label=M.user_label(owner))
+    return M.read_user(owner, 1 << 30)          # users/<owner>/ never through a link
 
 
 def _current(owner=None):

@@ -42,7 +42,8 @@ DEFAULT_ROLE = "operator"
 ALGS = ("RS256", "ES256")
 SKEW = 60                  # seconds of clock difference allowed for iat / nbf
 FLOW_TTL = 600             # a started sign-in lives ten minutes
-FLOW_MAX = 1000            # pending sign-ins kept per server (oldest dropped first)
+FLOW_MAX = 1000            # pending sign-ins kept per server (full: new ones refused, 429)
+FLOW_PER_ADDRESS = 20      # pending sign-ins of one client address (its oldest dropped first)
 HTTP_TIMEOUT = 10
 HTTP_CAP = 1 << 20         # a provider's answer larger than this is refused
 TOKEN_CAP = 64 * 1024      # an ID token larger than this is refused
@@ -236,8 +237,11 @@ def configure(issuer, client_id, client_secret, domains=(), admins=(), viewers=(
                 "role_map": rmap, "default_role": default_role, "scopes": SCOPES}
         store.write_json_atomic(path(), data, 0o600, indent=1, sync_dir=True)
     _forget()
+    # the sign-ins another issuer made end (its accounts cannot sign in again)
+    ended = end_sso_logins(keep_issuer=issuer)
     from overlord.trust import audit
     audit.append("sso.config", change="set", issuer=issuer, client_id=client_id,
+                 **({"logins_ended": ended} if ended else {}),
                  domains=doms, admins=adm, viewers=vie, role_claim=role_claim or None,
                  role_map=rmap, default_role=default_role,
                  secret_changed=bool(old is None or old.get("client_secret") != client_secret),
@@ -246,17 +250,40 @@ def configure(issuer, client_id, client_secret, domains=(), admins=(), viewers=(
 
 
 def off(by=None):
-    """Turn single sign-on off (sso.json removed). SSO accounts stay (they cannot sign in).
-    Returns True when it was on."""
+    """Turn single sign-on off (sso.json removed) and end every login single sign-on made
+    (every login of an SSO account: they have no password, so every one of theirs was made by
+    the provider) -- a provider turned off as compromised keeps no sign-in inside. SSO
+    accounts stay (they cannot sign in). Returns True when it was on."""
     with _lock():
         try:
             os.unlink(path())
         except FileNotFoundError:
-            return False
+            was_on = False
+        else:
+            was_on = True
     _forget()
+    ended = end_sso_logins()
+    if not was_on:
+        return False
     from overlord.trust import audit
-    audit.append("sso.config", change="off", **({"by": by} if by else {}))
+    audit.append("sso.config", change="off", logins_ended=ended, **({"by": by} if by else {}))
     return True
+
+
+def end_sso_logins(keep_issuer=None):
+    """End the logins of every single sign-on account (but those provisioned by keep_issuer,
+    when named): auth's listing and end_logins. Returns how many ended."""
+    from overlord.trust import auth
+    ended = 0
+    for row in auth.listing():
+        if not row.get("sso"):
+            continue
+        if keep_issuer is not None:
+            link = (auth.get(row["name"]) or {}).get("sso") or {}
+            if link.get("issuer") == keep_issuer:
+                continue
+        ended += auth.end_logins(row["name"])
+    return ended
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,29 +764,80 @@ def _audit_refused(reason, **details):
     audit.append("sso.refused", reason=reason, **details)
 
 
+def _address_key(address):
+    """What the per-address cap counts by: the address; an IPv6 one by its /64 (one host's
+    share), an IPv4-mapped one as the IPv4 address."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 class Flows:
     """The pending sign-ins of one server (in memory): state -> the flow's nonce, PKCE
-    verifier, redirect URI, next path, the binding's sha256. One use, FLOW_TTL, FLOW_MAX."""
+    verifier, redirect URI, next path, the binding's sha256. One use, FLOW_TTL. Bounded without
+    letting one client push out another's sign-in: an address keeps at most `per_address`
+    pending (its own oldest dropped for a new one), and when the whole table (`limit`) is full
+    a new sign-in is refused (429) -- nobody else's is evicted."""
 
-    def __init__(self, ttl=FLOW_TTL, limit=FLOW_MAX):
-        self.ttl, self.limit = ttl, limit
+    def __init__(self, ttl=FLOW_TTL, limit=FLOW_MAX, per_address=FLOW_PER_ADDRESS):
+        self.ttl, self.limit, self.per_address = ttl, limit, per_address
         self._lock = threading.Lock()
         self._flows = {}          # insertion order == age
+        self._by_address = {}     # address key -> [states], oldest first
 
     def __len__(self):
         with self._lock:
             self._prune(time.monotonic())
             return len(self._flows)
 
-    def _prune(self, now, room=0):
-        for state in [s for s, f in self._flows.items() if now - f["created"] > self.ttl]:
-            del self._flows[state]
-        while self._flows and len(self._flows) + room > self.limit:
-            del self._flows[next(iter(self._flows))]
+    def _forget_state(self, state):
+        flow = self._flows.pop(state, None)
+        if flow is not None and flow.get("address") is not None:
+            mine = self._by_address.get(flow["address"])
+            if mine is not None:
+                try:
+                    mine.remove(state)
+                except ValueError:
+                    pass
+                if not mine:
+                    del self._by_address[flow["address"]]
+        return flow
 
-    def start(self, redirect_uri, next_path="/"):
+    def _prune(self, now):
+        for state in [s for s, f in self._flows.items() if now - f["created"] > self.ttl]:
+            self._forget_state(state)
+
+    def _admit(self, state, flow, address):
+        """Keep the flow (under the lock): the address's own oldest make room for it; a full
+        table refuses it."""
+        self._prune(flow["created"])
+        key = None if address is None else _address_key(str(address))
+        if key is not None:
+            mine = self._by_address.get(key, [])
+            while mine and len(mine) >= self.per_address:
+                self._forget_state(mine[0])
+                mine = self._by_address.get(key, [])
+        if len(self._flows) >= self.limit:
+            exc = SSOError("too many sign-ins under way; try again in a minute", http_status=429)
+            exc.retry_after = 60
+            raise exc
+        flow["address"] = key
+        self._flows[state] = flow
+        if key is not None:
+            self._by_address.setdefault(key, []).append(state)
+
+    def start(self, redirect_uri, next_path="/", address=None):
         """(authorize_url, binding): send the browser to authorize_url and set `binding` as
-        its cookie; the state, nonce and PKCE verifier stay here."""
+        its cookie; the state, nonce and PKCE verifier stay here. address: the client's (the
+        socket's), for the per-address cap; None counts only toward the whole table's.
+        SSOError 429 when the table is full."""
         conf = config()
         if conf is None:
             raise SSOError("single sign-on is not configured", http_status=404)
@@ -781,8 +859,7 @@ class Flows:
                 "redirect_uri": redirect_uri, "next": next_path, "issuer": conf["issuer"],
                 "client_id": conf["client_id"], "created": time.monotonic()}
         with self._lock:
-            self._prune(flow["created"], room=1)
-            self._flows[state] = flow
+            self._admit(state, flow, address)
         params = {"response_type": "code", "client_id": conf["client_id"],
                   "redirect_uri": redirect_uri, "scope": conf.get("scopes") or SCOPES,
                   "state": state, "nonce": nonce, "code_challenge": challenge,
@@ -794,7 +871,7 @@ class Flows:
     def _take(self, state, binding):
         with self._lock:
             self._prune(time.monotonic())
-            flow = self._flows.pop(state, None)
+            flow = self._forget_state(state) if isinstance(state, str) else None
         if flow is None:
             raise SSOError("this sign-in is unknown or has expired (state); start again",
                            http_status=400)

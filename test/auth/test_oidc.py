@@ -673,13 +673,33 @@ def test_state_binding_redirect_and_expiry(provider, keys):
         expired.finish(provider.authorize(url, "CODE-4")[0], binding, CALLBACK)
 
 
-def test_pending_flows_are_bounded(provider):
+def _state(url):
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))["state"]
+
+
+def test_pending_flows_are_bounded_without_evicting_anyone(provider):
+    # the whole table full: a new sign-in is refused (429), nobody's pending one is dropped
     flows = oidc.Flows(limit=5)
-    started = [flows.start(CALLBACK, "/") for _ in range(8)]
+    started = [flows.start(CALLBACK, "/") for _ in range(5)]
+    for _ in range(3):
+        with pytest.raises(SSOError, match="too many sign-ins under way") as info:
+            flows.start(CALLBACK, "/")
+        assert info.value.http_status == 429 and info.value.retry_after == 60
     assert len(flows) == 5
-    first_state = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(started[0][0]).query))["state"]
-    with pytest.raises(SSOError, match="unknown"):
-        flows.finish({"state": first_state, "code": "x"}, started[0][1], CALLBACK)
+    assert _state(started[0][0]) in flows._flows
+    # one address over its own cap drops its own oldest, never another address's
+    flows = oidc.Flows(limit=50, per_address=3)
+    victim = flows.start(CALLBACK, "/", address="10.0.0.5")
+    hog = [flows.start(CALLBACK, "/", address="10.0.0.6") for _ in range(10)]
+    assert len(flows) == 4
+    assert _state(victim[0]) in flows._flows
+    assert [_state(u) in flows._flows for u, _ in hog] == [False] * 7 + [True] * 3
+    # an IPv6 client counts by its /64: another address of the same host shares the cap
+    for i in range(5):
+        flows.start(CALLBACK, "/", address=f"2001:db8::{i + 1}")
+    assert len(flows) == 7 and _state(victim[0]) in flows._flows
+    with pytest.raises(SSOError, match="unknown"):        # a dropped one is gone for good
+        flows.finish({"state": _state(hog[0][0]), "code": "x"}, hog[0][1], CALLBACK)
 
 
 def test_next_is_only_a_path_here(provider):
@@ -938,3 +958,25 @@ def test_sso_test_against_the_real_provider(idp):
     assert found["issuer"] == idp.issuer and found["jwks_keys"] == 1
     assert found["usable_keys"] == 1 and found["supported"] == ["RS256"]
     assert found["token_endpoint"] == idp.issuer + "/oauth2/token"
+
+
+def test_sso_off_or_another_issuer_ends_the_sign_ins_it_made(home):
+    first, second = "http://127.0.0.1:9", "http://127.0.0.1:8"
+    auth.add("lena", "admin", password="a local password 1")   # (one hash: a local login stays)
+    local = auth.login_create("lena")
+    oidc.configure(first, "cid", "secret", domains=["example.com"])
+    eve = auth.login_create(oidc.provision(
+        oidc.Identity(first, "sub-eve", email="eve@example.com", email_verified=True)).name)
+    oidc.configure(first, "cid", None, domains=["example.com", "example.org"])   # same issuer
+    assert auth.login_lookup(eve).name == "eve@example.com"
+    oidc.configure(second, "cid2", "secret2", domains=["example.com"])          # another one
+    assert auth.login_lookup(eve) is None
+    ivy = auth.login_create(oidc.provision(
+        oidc.Identity(second, "sub-ivy", email="ivy@example.com", email_verified=True)).name)
+    assert auth.login_lookup(ivy).name == "ivy@example.com"
+    assert oidc.off() is True
+    assert auth.login_lookup(ivy) is None
+    assert auth.login_lookup(local).name == "lena"               # a password's login is not SSO's
+    changes = audit.entries(action="sso.config")
+    assert [(e["change"], e.get("logins_ended")) for e in changes] == \
+        [("set", None), ("set", None), ("set", 1), ("off", 1)]

@@ -305,3 +305,130 @@ def test_accept_goes_to_the_session_owner_s_notes(kernel, tmp_path, target):
     with pytest.raises(UsageError):
         ops.memory_accept(bad, all=True, by="workspace")
     assert tree(home) == before and not (tmp_path / "escape").exists()
+
+
+# -- never through another's folder; the machine's key never to an account's URL ---------------
+
+def test_a_symlinked_account_dir_is_not_read_through_by_any_reader(kernel, tmp_path, target):
+    home = kernel
+    ops.keys_set("anthropic", "sk-alice-own", owner="alice")
+    ops.memory_user_add("alice's private note", owner="alice")
+    os.symlink("alice", home / "users" / "bob")
+    with pytest.raises(OverlordError, match="not a directory of yours"):
+        keys.get("anthropic", owner="bob")
+    with pytest.raises(OverlordError, match="not a directory of yours"):
+        ops.keys_list(owner="bob")
+    with pytest.raises(OverlordError, match="not a directory of yours"):
+        ops.memory_user(owner="bob")
+    shown = ops.memory_show(str(target), owner="bob")      # the prompt: a warning, not her notes
+    assert "alice's private note" not in shown["text"]
+    user = [s for s in shown["sources"] if s["name"] == "user"][0]
+    assert "not a directory of yours" in user["warning"]
+    res = scripted(tmp_path, target, [{"text": "done"}], owner="bob")
+    system = [e for e in T.read(home / "sessions" / res.sid) if e["type"] == "system"][0]
+    assert "alice's private note" not in json.dumps(system)
+    # users/ itself a link to another home's users/: nobody's files are read through it
+    other = tmp_path / "other-home"
+    (other / "users" / "carol").mkdir(parents=True, mode=0o700)
+    (other / "users" / "carol" / "memory.md").write_text("- carol's note\n")
+    os.rename(home / "users", tmp_path / "kept-users")
+    os.symlink(other / "users", home / "users")
+    with pytest.raises(OverlordError, match="not a directory of yours"):
+        ops.memory_user(owner="carol")
+    with pytest.raises(OverlordError, match="not a directory of yours"):
+        keys.get("anthropic", owner="alice")
+    assert alice_notes_untouched(tmp_path / "kept-users")
+
+
+def alice_notes_untouched(users):
+    return (users / "alice" / "memory.md").read_text() == "- alice's private note\n"
+
+
+class Listener:
+    """A listener an account could run: records every request's headers."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        self.seen = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.seen.append(dict(self.headers))
+                data = b'{"object": "list", "data": [{"id": "m-1"}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_port}/v1"
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.mark.parametrize("where", ["store", "env"])
+def test_the_machines_key_goes_to_no_url_an_account_chose(clean_env, monkeypatch, where):
+    from overlord.ops.agent import endpoint
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    secret = "sk-machine-shared-0123456789"
+    if where == "store":
+        ops.keys_set("openai", secret)
+    else:
+        monkeypatch.setenv("OPENAI_API_KEY", secret)
+    listener = Listener()
+    try:
+        for url in (listener.url, listener.url + "/", "https://api.openai.com.evil.example/v1"):
+            with pytest.raises(OverlordError, match="the machine's shared key goes only to "
+                               "openai's own endpoint; set your own key") as info:
+                ops.models("openai", base_url=url, owner="olive")
+            assert "\n" not in str(info.value) and info.value.http_status == 403
+        assert listener.seen == []                   # refused before any connection
+        # the provider's own endpoint (given or not) takes the machine's key, as before
+        assert endpoint("openai", owner="olive").api_key == secret
+        assert endpoint("openai", base_url="https://api.openai.com/v1/", owner="olive").api_key \
+            == secret
+        # the CLI and the launch token (no owner): unchanged
+        ops.models("openai", base_url=listener.url)
+        assert listener.seen and secret in json.dumps(listener.seen[-1])
+        # the account's own key goes wherever the account says
+        listener.seen.clear()
+        ops.keys_set("openai", "sk-olive-own", owner="olive")
+        ops.models("openai", base_url=listener.url, owner="olive")
+        assert "sk-olive-own" in json.dumps(listener.seen) and secret not in json.dumps(listener.seen)
+    finally:
+        listener.close()
+
+
+def test_a_resume_never_sends_the_machines_key_to_the_accounts_url(kernel, tmp_path, target,
+                                                                  monkeypatch):
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OVERLORD_PROVIDER_RETRIES", "0")
+    ops.keys_set("anthropic", "sk-machine-not-alice-s")
+    ops.keys_set("anthropic", "sk-alice-1", owner="alice")
+    fake = AnthropicFake(key="sk-alice-1")
+    try:
+        fake.queue(fake.turn(text="Done."))
+        res = ops.agent("say done", str(target), provider="anthropic", model=fake.MODEL,
+                        base_url=fake.url, owner="alice")
+        assert res.reason == "end_turn", res.message
+        ops.keys_set("anthropic", "", owner="alice")      # her own key gone: the machine's left
+        with pytest.raises(OverlordError, match="shared key goes only to anthropic's own"):
+            ops.resume(res.sid, "once more")
+        with pytest.raises(OverlordError, match="shared key goes only to anthropic's own"):
+            ops.agent("again", str(target), provider="anthropic", model=fake.MODEL,
+                      base_url=fake.url, owner="alice")
+        assert len(fake.requests) == 1
+        assert "sk-machine" not in json.dumps(fake.requests)
+    finally:
+        fake.close()
