@@ -472,3 +472,29 @@ def test_single_sign_on_through_a_real_provider_signs_in_with_the_provisioned_ro
         audit = cli("audit", "show", "--json", check=0).out
         assert "sso.provision" in audit and "the-client-secret" not in audit
         assert "the-client-secret" not in json.dumps(page.context.cookies())
+
+
+# -- the sign-in page's slots, without a browser ------------------------------------------------------
+
+def test_the_sign_in_page_never_points_elsewhere_and_never_echoes_the_url():
+    from overlord.web import pages as P
+    ps = P.Pages()
+    for hostile in ("//evil.example/x", "/\\evil.example", "https://evil.example/", "javascript:alert(1)",
+                    "evil", "/\tx", "/x\r\nSet-Cookie: a=b", "", None, 7, "/" + "a" * 2001):
+        assert P.signin_slots(next=hostile)["next"] == "/", hostile
+        assert P.local_path(hostile) == "/"
+    assert P.signin_slots(next="/console#20260101-000000-abcdef")["next"] == "/console#20260101-000000-abcdef"
+    page = ps.render("signin.html", "NONCE", next='/"><script>alert(1)</script>', error="<b>x</b>", sso=True)
+    assert "<script>alert" not in page and "<b>x</b>" not in page
+    assert 'value="/&quot;&gt;&lt;script&gt;' in page                       # a local path, escaped
+    assert 'data-error="other"' in page and P.SIGNIN_GENERIC in page       # an unknown code: generic words
+    assert 'id="signin-sso">' in page and 'href="/sso/start?next=%2F%22%3E%3Cscript%3E' in page
+    assert 'nonce="NONCE"' in page and page.count("<script") == 1          # only the page's own script
+    plain = ps.render("signin.html", "N")
+    assert 'id="signin-sso" hidden>' in plain and 'id="signin-error" role="alert" data-error="" hidden>' in plain
+    wrong = ps.render("signin.html", "N", next="/console", error="1")
+    assert P.SIGNIN_ERRORS["1"] in wrong and 'value="/console"' in wrong
+    # a caller that fills the derived slots itself keeps its own words
+    own = ps.render("signin.html", "N", next="/", error_code="sso", error_text="Their words.", error_hidden="",
+                    sso_hidden=" hidden", sso_href="/sso/start?next=%2F")
+    assert "Their words." in own and P.SIGNIN_ERRORS["sso"] not in own
