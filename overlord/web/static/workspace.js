@@ -1010,8 +1010,9 @@
     try { data = await api("GET", "/api/skills"); }
     catch (e) { list.append(h("li", {class: "muted small"}, `The skills could not be read: ${e.message}`)); return; }
     if (!data.skills.length) {
-      list.append(h("li", {class: "muted small skill-none"}, ["No skills yet. Add one below, or ",
-        h("code", {}, "overlord skills add PATH"), " / ", h("code", {}, "overlord skills new NAME -t DIR"), "."]));
+      const admin = !ACCOUNTS.me.accounts || ACCOUNTS.me.role === "admin";    /* machine skills: an admin's */
+      list.append(h("li", {class: "muted small skill-none"}, [admin ? "No skills yet. Add one below, or " : "No skills yet. An admin adds machine skills (",
+        h("code", {}, "overlord skills add PATH"), " / ", h("code", {}, "overlord skills new NAME -t DIR"), admin ? "." : "); a folder brings its own in .overlord/skills/."]));
     }
     for (const k of data.skills) list.append(skillRow(k));
     for (const w of data.warnings || []) warnings.append(h("li", {class: "skill-warning small"}, typeof w === "string" ? w : w.message || JSON.stringify(w)));
