@@ -132,9 +132,9 @@ def sso_start(app, req):
     from overlord.web.server import Redirect
     if not sso_on():
         raise OverlordError("single sign-on is not configured (overlord sso set)", http_status=404)
-    app.sso_budget(req.address)
     url, binding = app.sso_flows().start(origin_of(app, req) + "/sso/callback",
-                                         safe_next(req.query.get("next")))
+                                         safe_next(req.query.get("next")),
+                                         address=req.address)    # the per-address cap
     return Redirect(url, cookie(app, SSO, binding, SSO_AGE, lax=True))
 
 

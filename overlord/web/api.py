@@ -412,10 +412,9 @@ def review(app, req, sid):
                             "\u2192 Countersignature (or tick \"review with the agent's own "
                             "model\", and the verdict will say so)")
     demo = cs["provider"] == S.DEMO
-    if not demo:                          # ops.review calls with the machine's key
-        shared_key_check(app, req.principal, cs["provider"], cs["base_url"] or None, owner=False)
     prof = store.profile(cs["provider"])
     knobs = prof.get("knobs") or {}
+    own = _owner_kw(R.owner_name(req.principal))     # its key; the shared one to its own endpoint
 
     def call():
         try:
@@ -423,7 +422,7 @@ def review(app, req, sid):
                               base_url=cs["base_url"] or None, headers=cs["headers"] or None,
                               knobs={}, script=S.DEMO_REVIEW_SCRIPT if demo else None,
                               api=knobs.get("api"), azure_api_version=knobs.get("azure_api_version"),
-                              same_model=same, only=only, drop=drop)
+                              same_model=same, only=only, drop=drop, **own)
         except OverlordError as exc:        # the CLI's words for a missing key, as Settings has it
             words = str(exc).replace(f"run `overlord keys set {cs['provider']}`",
                                      "add it under Settings \u2192 Countersignature")
@@ -500,28 +499,6 @@ def _index(body, name):
 
 # -- settings and models ------------------------------------------------------------------------------
 
-def shared_key_check(app, principal, provider, base_url, owner=True):
-    """The machine's shared key (`overlord keys set`, or the server's environment) goes only to
-    the provider's own endpoint or to the one the machine's settings name -- never to a URL an
-    account chose, which would read the key off a listener of its own. An admin's call, the
-    launch token's, and a call with the account's own key are not limited. owner=False: the
-    call uses the machine's key whatever the account has (the second model's review)."""
-    name = R.owner_name(principal)
-    if name is None or principal.is_admin or not base_url:
-        return
-    source = ops.keys_list(owner=name).get(provider) if owner else \
-        ops.keys_list().get(provider)
-    if source in (None, "own"):
-        return
-    machine = app.settings.profile(provider)["base_url"] or ""
-    if base_url.rstrip("/") == machine.rstrip("/"):
-        return
-    raise S.Invalid("cs_base_url" if not owner else "base_url",
-                    f"the machine's shared {S.LABELS.get(provider, provider)} key goes only to "
-                    "the provider's own endpoint (or the one the machine's settings name): add "
-                    "your own key to use another endpoint")
-
-
 def _owner_kw(owner):
     """owner=NAME for an account's call (its keys, its notes); nothing for the launch token
     (the machine's, as before accounts)."""
@@ -562,8 +539,6 @@ def models(app, req):
     base_url = req.query.get("base_url") or prof["base_url"] or None
     if base_url:
         S.check_profile({"base_url": base_url}, S.empty_profile(), provider)
-    if provider != S.DEMO:
-        shared_key_check(app, req.principal, provider, base_url, owner=not second)
     knobs = prof.get("knobs") or {}
     if provider == S.DEMO:
         script = S.DEMO_REVIEW_SCRIPT if second else S.DEMO_SCRIPT
@@ -583,9 +558,7 @@ def chats(app, req):
 def start_chat(app, req):
     """A new conversation with your settings, owned by you (its keys and notes are yours)."""
     return app.chats.start(req.body or {}, app.settings_for(req.principal),
-                           R.owner_name(req.principal),
-                           check=lambda provider, base_url: shared_key_check(
-                               app, req.principal, provider, base_url))
+                           R.owner_name(req.principal))
 
 
 def chat(app, req, sid):

@@ -125,10 +125,9 @@ class Chats:
 
     # -- starting, continuing, stopping ---------------------------------------------------------
 
-    def start(self, body, store=None, owner=None, check=None):
+    def start(self, body, store=None, owner=None):
         """A new conversation with `store`'s settings (the account's own; the machine's when
-        None), owned by `owner` (None: the launch token's, as before accounts). check(provider,
-        base_url) may refuse the endpoint before anything opens."""
+        None), owned by `owner` (None: the launch token's, as before accounts)."""
         message = _message(body)
         audit = message == AUDIT or message.startswith(AUDIT + " ")
         task = message[len(AUDIT):].strip() if audit else message
@@ -143,8 +142,6 @@ class Chats:
         if model is not None and (not isinstance(model, str) or len(model) > 200):
             raise S.Invalid("model", "model must be a model id")
         folder = S.check_folder(body.get("folder") or cfg["folder"])
-        if check is not None and provider != S.DEMO:
-            check(provider, prof["base_url"] or None)
         connectors = _connectors(body)
         sandbox = cfg["sandbox"]
         stop = ops.Cancel()

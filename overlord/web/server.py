@@ -154,7 +154,6 @@ class App:
         self.flows = None             # single sign-on's pending flows (oidc.Flows), made on use
         self._lock = threading.Lock()
         self._own = {}                # account name -> its Settings (users/<name>/ui.json)
-        self._sso_starts = {}         # address -> when it started its pending sign-ins
 
     def settings_for(self, principal):
         """The settings a request reads and writes: the account's own (users/<name>/ui.json),
@@ -168,27 +167,6 @@ class App:
                 own = self._own[name] = S.Settings(self.settings.default_folder,
                                                    path=S.user_path(name))
             return own
-
-    SSO_PER_ADDRESS = 20          # sign-ins one address may have pending (the flows' ten minutes)
-    SSO_ADDRESSES = 10000
-
-    def sso_budget(self, address):
-        """Refuse (429) an address starting more than SSO_PER_ADDRESS sign-ins within the flows'
-        lifetime: the pending flows are one bounded table for the server, and one client must
-        not push every other browser's sign-in out of it."""
-        from overlord.ops import sso
-        key = transport.client_key(address) if address else ""
-        now = time.monotonic()
-        with self._lock:
-            starts = [t for t in self._sso_starts.pop(key, ()) if now - t < sso.FLOW_TTL]
-            if len(starts) >= self.SSO_PER_ADDRESS:
-                self._sso_starts[key] = starts
-                raise OverlordError("too many single sign-ons started from this address: finish "
-                                    "one, or wait", http_status=429)
-            starts.append(now)
-            self._sso_starts[key] = starts
-            while len(self._sso_starts) > self.SSO_ADDRESSES:
-                del self._sso_starts[next(iter(self._sso_starts))]
 
     def sso_flows(self):
         with self._lock:
@@ -373,7 +351,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             req = Request(self.command, segments, query, body, principal, self)
             req.form = self.form_body
             if handler == "events":
-                return Stream(self.app.chats.stream(sid, alive=lambda: not self.app.closing.is_set()))
+                return Stream(self.app.chats.stream(sid, alive=self.still_signed_in(principal, sid)))
             answer = handler(self.app, req, sid) if sid else handler(self.app, req)
         if isinstance(answer, (Reply, Redirect, Page)):
             return answer
@@ -398,6 +376,28 @@ class Handler(http.server.BaseHTTPRequestHandler):
         cookie = self.cookie(guard.cookie_name(LOGIN_COOKIE))
         found = auth.login_lookup(cookie) if cookie else None
         return (found, "cookie") if found is not None else (None, None)
+
+    RECHECK = 5.0                  # seconds between two checks that a stream's reader may still read
+
+    def still_signed_in(self, principal, sid):
+        """alive() for a conversation's stream: False once the server stops, or (at most
+        RECHECK seconds later) once the reader's login or token has ended or it may no longer
+        see the session -- a signed-out or removed account stops hearing the conversation."""
+        state = {"checked": time.monotonic(), "ok": True}
+
+        def alive():
+            if self.app.closing.is_set() or not state["ok"]:
+                return False
+            if principal.via == "launch" or time.monotonic() - state["checked"] < self.RECHECK:
+                return True
+            state["checked"] = time.monotonic()
+            try:
+                now, _ = self.identify(auth.enabled())
+                state["ok"] = now is not None and R.session_meta(now, sid) is not None
+            except OverlordError:
+                state["ok"] = False
+            return state["ok"]
+        return alive
 
     def cookie(self, name):
         """The first value of cookie `name` among the request's Cookie headers, or None."""

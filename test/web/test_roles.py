@@ -283,3 +283,24 @@ def test_a_login_may_do_what_a_script_token_may_not(team):
     r = ui.request("POST", "/api/me/password", body={"old": "not-it", "new": "new-password-1"},
                    auth=False, headers=h)
     assert r.status == 401
+
+
+def test_a_stream_ends_when_its_readers_token_is_revoked(team):
+    """A conversation's event stream re-checks its reader (every RECHECK seconds): once the
+    token is revoked the stream ends rather than keep telling a signed-out account."""
+    import time
+    ui, sid, tokens = team
+    from overlord.ops import auth
+    tid, token = auth.mint_token("vera", label="stream")
+    conn = ui.conn(60)
+    conn.putrequest("GET", f"/api/chats/{sid}/events", skip_host=True)
+    conn.putheader("Host", ui.host)
+    conn.putheader("Authorization", f"Bearer {token}")
+    conn.endheaders()
+    res = conn.getresponse()
+    assert res.status == 200
+    auth.revoke("vera", tid)
+    t = time.monotonic()
+    while res.fp.readline():
+        assert time.monotonic() - t < 40, "the stream went on after the token was revoked"
+    conn.close()
