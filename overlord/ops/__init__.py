@@ -24,7 +24,7 @@ _EXPORTS = {
     "execute": ("Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run", "captured"),
     "grants": ("crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target", "validate_grants"),
     "history": ("compare", "fork", "rewind", "savepoints"),
-    "home": ("ensure_home", "ensure_user_dir", "home", "user_dir", "valid_user", "write_private_json"),
+    "home": ("ensure_home", "ensure_user_dir", "home", "open_user_dir", "user_dir", "valid_user", "write_private_json"),
     "kept": ("committed_diff",),
     "policy": ("PolicyView", "policy_cap_preview", "policy_check", "policy_set", "policy_show"),
     "revert": ("revert",),

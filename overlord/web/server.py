@@ -352,7 +352,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             req.form = self.form_body
             if handler == "events":
                 return Stream(self.app.chats.stream(sid, alive=self.still_signed_in(principal, sid)))
-            answer = handler(self.app, req, sid) if sid else handler(self.app, req)
+            try:
+                answer = handler(self.app, req, sid) if sid else handler(self.app, req)
+            except OverlordError as exc:
+                if handler is accounts.sso_callback and self.navigating():
+                    # a person's browser, back from the provider: the sign-in page says it
+                    # did not complete (the refusal is on the audit chain), not a JSON body
+                    return self.signin_page(exc.http_status, {"error": "sso"})
+                raise
         if isinstance(answer, (Reply, Redirect, Page)):
             return answer
         return 200, answer
@@ -410,6 +417,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         value = value[1:-1]
                     return value if 0 < len(value) <= 512 else None
         return None
+
+    def navigating(self):
+        """Whether a browser is loading this as a page (not a script asking for JSON)."""
+        return self.headers.get("Sec-Fetch-Mode") == "navigate" or \
+            "text/html" in self.headers.get("Accept", "")
 
     def signin_page(self, status, query):
         """The sign-in page (D's signin.html): ?next= (a path here), ?error= and whether single

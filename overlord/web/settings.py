@@ -91,11 +91,27 @@ class Settings:
     def file(self):
         return self.path or path()
 
+    def _read(self):
+        """The stored text. An account's file is read inside its folder opened without
+        following a link (ops.open_user_dir): users/bob -> alice never reads alice's settings."""
+        if self.path is None:
+            with open(path(), "rb") as f:
+                return f.read()
+        fd = ops.open_user_dir(os.path.basename(os.path.dirname(self.path)))
+        if fd is None:
+            raise FileNotFoundError(self.path)
+        try:
+            ffd = os.open(os.path.basename(self.path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+        finally:
+            os.close(fd)
+        with os.fdopen(ffd, "rb") as f:
+            return f.read()
+
     def load(self):
         data = defaults(self.default_folder)
         try:
-            with open(self.file(), encoding="utf-8") as f:
-                stored = json.load(f)
+            stored = json.loads(self._read())
         except (FileNotFoundError, ValueError):
             return data
         if isinstance(stored, dict):

@@ -432,3 +432,18 @@ def test_a_resume_never_sends_the_machines_key_to_the_accounts_url(kernel, tmp_p
         assert "sk-machine" not in json.dumps(fake.requests)
     finally:
         fake.close()
+
+
+def test_an_accounts_workspace_settings_are_not_read_through_a_symlinked_folder(home):
+    """users/bob -> alice: bob's Settings refuse (one line) rather than show alice's ui.json
+    (its provider profiles may carry a gateway's credential header)."""
+    from overlord.errors import OverlordError
+    from overlord.web import settings as S
+    alice = home / "users" / "alice"
+    alice.mkdir(parents=True, mode=0o700)
+    (alice / "ui.json").write_text('{"provider": "openai"}')
+    (home / "users" / "bob").symlink_to("alice")
+    assert S.Settings("/tmp", path=S.user_path("alice")).load()["provider"] == "openai"
+    with pytest.raises(OverlordError, match="not a directory of yours"):
+        S.Settings("/tmp", path=S.user_path("bob")).load()
+    assert S.Settings("/tmp", path=S.user_path("carol")).load()["provider"] == "anthropic"

@@ -41,9 +41,9 @@ def sso(home, target, idp):
     ui.close()
 
 
-def send(ui, path, cookies=None, method="GET", body=None):
+def send(ui, path, cookies=None, method="GET", body=None, headers=None):
     conn = http.client.HTTPConnection("127.0.0.1", ui.port, timeout=30)
-    headers = {"Host": ui.host}
+    headers = dict(headers or {}, Host=ui.host)
     if cookies:
         headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
     raw = None
@@ -143,6 +143,20 @@ def test_wrong_or_missing_state_and_provider_errors_are_clean_refusals(sso, idp)
     status, _, lines, data = send(sso, callback_path(denied), cookies={"overlord_sso": binding})
     assert status == 401 and "refused" in json.loads(data)["error"]
     assert "overlord_login" not in cookies_of(lines)
+
+
+def test_a_browser_back_from_a_failed_sign_on_gets_the_sign_in_page_saying_so(sso, idp):
+    """A person's browser (a page navigation) is shown the sign-in page with its error line,
+    the refusal's status kept; never a JSON body, never a login."""
+    url, binding = start(sso)
+    denied = authorize_without_browser(url, ALICE[0], deny=True)
+    status, _, lines, page = send(sso, callback_path(denied), cookies={"overlord_sso": binding},
+                                  headers={"Sec-Fetch-Mode": "navigate", "Accept": "text/html"})
+    assert status == 401 and b'id="signin-sso"' in page and b"<!doctype html" in page.lower()
+    assert "overlord_login" not in cookies_of(lines)
+    status, _, lines, page = send(sso, "/sso/callback?state=nope&code=x",
+                                  cookies={"overlord_sso": binding}, headers={"Accept": "text/html"})
+    assert status == 400 and b'id="signin-sso"' in page and "overlord_login" not in cookies_of(lines)
 
 
 def test_a_domain_not_allowed_is_refused(sso, idp):
