@@ -876,6 +876,22 @@ def end_logins(name, keep=None):
 
 # -- lockout -----------------------------------------------------------------------------------
 
+def address_key(address):
+    """What a per-address count (the lockout, the rate limit, pending sign-ins) counts by: the
+    address; an IPv6 one by its /64 (one host's share: a client rotating inside it is one
+    client), an IPv4-mapped one as the IPv4 address."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 class Lockout:
     """Failed sign-ins per name and per address: `limit` within `window` seconds lock that
     key for `lock` seconds. In-process, thread-safe, pruned as it goes and bounded (`cap`
@@ -893,7 +909,7 @@ class Lockout:
     def _keys(name, address):
         keys = [("name", name)]
         if address:
-            keys.append(("address", str(address)))
+            keys.append(("address", address_key(str(address))))
         return keys
 
     def locked(self, name, address=None):

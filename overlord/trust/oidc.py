@@ -764,21 +764,6 @@ def _audit_refused(reason, **details):
     audit.append("sso.refused", reason=reason, **details)
 
 
-def _address_key(address):
-    """What the per-address cap counts by: the address; an IPv6 one by its /64 (one host's
-    share), an IPv4-mapped one as the IPv4 address."""
-    import ipaddress
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if ip.version == 6:
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip)
-
-
 class Flows:
     """The pending sign-ins of one server (in memory): state -> the flow's nonce, PKCE
     verifier, redirect URI, next path, the binding's sha256. One use, FLOW_TTL. Bounded without
@@ -818,7 +803,8 @@ class Flows:
         """Keep the flow (under the lock): the address's own oldest make room for it; a full
         table refuses it."""
         self._prune(flow["created"])
-        key = None if address is None else _address_key(str(address))
+        from overlord.trust.auth import address_key     # an IPv6 client by its /64
+        key = None if address is None else address_key(str(address))
         if key is not None:
             mine = self._by_address.get(key, [])
             while mine and len(mine) >= self.per_address:

@@ -104,16 +104,9 @@ def quiet(exc):
 
 
 def client_key(address):
-    """What the rate limit counts by: the address; for IPv6 its /64 (one host's share)."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if ip.version == 6:
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip)
+    """What the rate limit counts by (auth.address_key: an IPv6 client by its /64)."""
+    from overlord.ops import auth
+    return auth.address_key(address)
 
 
 class RateLimiter:

@@ -581,3 +581,17 @@ def test_a_login_from_a_stale_check_is_refused(home):
     with pytest.raises(auth.AuthError, match="changed while signing in"):
         auth.login_create(checked.name)
     assert auth.login_lookup(auth.login_create("yul")).role == "viewer"   # a name alone: made
+
+
+def test_the_address_lock_counts_an_ipv6_client_by_its_64():
+    """A client rotating addresses inside its /64 is one address to the lockout (and to the
+    rate limit and the pending sign-ins, which count by the same auth.address_key)."""
+    from overlord.trust import auth as A
+    lock = A.Lockout()
+    for i in range(5):
+        lock.failed(f"name{i}", f"2001:db8:1:2::{i + 1:x}")
+    held = lock.locked("someone-else", "2001:db8:1:2:ffff::9")
+    assert held and held[0] == "address" and held[1] == "2001:db8:1:2::/64"
+    assert lock.locked("someone-else", "2001:db8:1:3::1") is None
+    assert A.address_key("::ffff:10.0.0.7") == "10.0.0.7" and A.address_key("10.0.0.7") == "10.0.0.7"
+    assert A.address_key("not an address") == "not an address"
