@@ -41,7 +41,6 @@ token or cookie: names, ids, digests' prefixes, addresses, reasons.
 import base64
 import contextlib
 import copy
-import errno
 import fcntl
 import hashlib
 import hmac
@@ -743,9 +742,6 @@ def _drop(p):
         os.unlink(p)
     except FileNotFoundError:
         pass
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT,):
-            raise
 
 
 def login_create(name, via=None):
