@@ -975,6 +975,14 @@ lockout = Lockout()
 WRONG = "wrong name or password"
 
 
+def _refuse_while_locked(key, address):
+    """AuthError 429 (with .retry_after) while the name or the address is locked."""
+    held = lockout.locked(key, address)
+    if held is not None:
+        raise AuthError(f"too many failed sign-ins: try again in {math.ceil(held[2])} s",
+                        retry_after=max(1, math.ceil(held[2])))
+
+
 def check_password(name, password, address):
     """The principal (via="cookie") of a right name and password; else AuthError: 401 with
     the same words for an unknown name and a wrong password (each costing one scrypt), 429
@@ -982,18 +990,13 @@ def check_password(name, password, address):
     sign-on account: refused without a lookup. Audited: auth.login_failed, auth.lockout."""
     name = name.strip().lower() if isinstance(name, str) else ""
     key = name[:254]
-    held = lockout.locked(key, address)
-    if held is not None:
-        raise AuthError(f"too many failed sign-ins: try again in {math.ceil(held[2])} s",
-                        retry_after=max(1, math.ceil(held[2])))
+    _refuse_while_locked(key, address)
     if "@" in name:
         raise AuthError("sign in with single sign-on: this name is a single sign-on account")
     rec = _load()["users"].get(name) if LOCAL_NAME.match(name) else None
     right = _verify(rec.get("password") if rec else None, password) and rec is not None
-    held = lockout.locked(key, address)        # again: a lock may have come while hashing
-    if held is not None:                       # (a burst of guesses waiting for a hash slot)
-        raise AuthError(f"too many failed sign-ins: try again in {math.ceil(held[2])} s",
-                        retry_after=max(1, math.ceil(held[2])))
+    # again: a lock may have come while hashing (a burst of guesses waiting for a hash slot)
+    _refuse_while_locked(key, address)
     if right:
         lockout.succeeded(key)
         return Principal(name=CheckedName(rec["name"], rec["id"], rec["gen"]), role=rec["role"],
@@ -1015,6 +1018,11 @@ def _owner(meta):
     return getter("owner") if getter else getattr(meta, "owner", None)
 
 
+def _operator_owns(principal, meta):
+    return principal.role == "operator" and principal.name is not None \
+        and _owner(meta) == principal.name
+
+
 def can_see(principal, meta):
     """admin and the launch token: everything; viewer: everything; operator: its own
     (meta["owner"] == its name; a CLI session, owner None, is the admin's)."""
@@ -1022,8 +1030,7 @@ def can_see(principal, meta):
         return False
     if principal.via == "launch" or principal.role in ("admin", "viewer"):
         return True
-    return principal.role == "operator" and principal.name is not None \
-        and _owner(meta) == principal.name
+    return _operator_owns(principal, meta)
 
 
 def can_change(principal, meta):
@@ -1032,5 +1039,4 @@ def can_change(principal, meta):
         return False
     if principal.via == "launch" or principal.role == "admin":
         return True
-    return principal.role == "operator" and principal.name is not None \
-        and _owner(meta) == principal.name
+    return _operator_owns(principal, meta)
