@@ -977,17 +977,9 @@ _provision_lock = threading.Lock()
 
 
 def _find_by_subject(auth, issuer, sub):
-    if hasattr(auth, "find_sso"):
-        name = auth.find_sso(issuer, sub)
-        return (name, auth.get(name) or {}) if name is not None else (None, None)
-    for row in auth.listing():
-        if not row.get("sso"):
-            continue
-        rec = auth.get(row["name"]) or {}
-        link = rec.get("sso") or {}
-        if link.get("issuer") == issuer and link.get("sub") == sub:
-            return row["name"], rec
-    return None, None
+    """(name, record) of the account holding this (issuer, sub), or (None, None)."""
+    name = auth.find_sso(issuer, sub)
+    return (name, auth.get(name) or {}) if name is not None else (None, None)
 
 
 def role_for(identity, conf):
