@@ -468,7 +468,11 @@ def public(name):
 
 def find_sso(issuer, sub):
     """The name of the account provisioned for this (issuer, subject), or None."""
-    for rec in _load()["users"].values():
+    return _sso_holder(_load(), issuer, sub)
+
+
+def _sso_holder(data, issuer, sub):
+    for rec in data["users"].values():
         sso = rec.get("sso")
         if sso and sso["issuer"] == issuer and sso["sub"] == sub:
             return rec["name"]
@@ -507,10 +511,9 @@ def add(name, role, password=None, sso=None, by=None):
                            "new account cannot take its name (they would be its); choose "
                            "another name")
         if identity is not None:
-            for rec in data["users"].values():
-                s = rec.get("sso")
-                if s and s["issuer"] == identity["issuer"] and s["sub"] == identity["sub"]:
-                    raise Conflict(f"that identity already has the account {rec['name']}")
+            holder = _sso_holder(data, identity["issuer"], identity["sub"])
+            if holder is not None:
+                raise Conflict(f"that identity already has the account {holder}")
         _set_aside(name, "stale")             # a new account starts with an empty folder
         ensure_user_dir(name)
         data["users"][name] = {"name": name, "role": role, "created": round(time.time(), 3),
