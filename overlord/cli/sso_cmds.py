@@ -119,10 +119,10 @@ def cmd_sso(args):
             raise UsageError("the client secret is never taken from the command line: "
                              "pipe it to --client-secret-stdin")
         secret = _secret_from_stdin() if args.client_secret_stdin else None
-        conf = sso.sso_set(args.issuer, args.client_id, secret, domains=args.domain,
-                           admins=args.admin, viewers=args.viewer, role_claim=args.role_claim,
-                           role_map=_role_map(args.role_map), default_role=args.default_role,
-                           by=R.cli_actor())
+        conf = sso.configure(args.issuer, args.client_id, secret, domains=args.domain,
+                             admins=args.admin, viewers=args.viewer, role_claim=args.role_claim,
+                             role_map=_role_map(args.role_map), default_role=args.default_role,
+                             by=R.cli_actor())
         if args.json:
             R.dump_json(conf)
             return 0
@@ -133,14 +133,14 @@ def cmd_sso(args):
                   file=sys.stderr)
         return 0
     if c == "show":
-        conf = sso.sso_show()
+        conf = sso.public()
         if args.json:
             R.dump_json(conf)
         else:
             print("\n".join(_lines(conf)))
         return 0
     if c == "test":
-        found = sso.sso_test()
+        found = sso.test()
         if args.json:
             R.dump_json(found)
             return 0
@@ -157,7 +157,7 @@ def cmd_sso(args):
             return 1
         print("ok")
         return 0
-    if sso.sso_off(by=R.cli_actor()):
+    if sso.off(by=R.cli_actor()):
         print("single sign-on is off (accounts it made stay; overlord users rm removes them)")
     else:
         print("single sign-on was not on")

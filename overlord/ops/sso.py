@@ -5,23 +5,3 @@ from overlord.trust.oidc import (ALGS, DEFAULT_ROLE, FLOW_TTL, ROLES, SCOPES,  #
                                  Flows, Identity, SSOError, config, configure, off, path,
                                  provision, public, role_for, test, verify_id_token)
 
-
-def sso_set(issuer, client_id, client_secret=None, domains=(), admins=(), viewers=(),
-            role_claim=None, role_map=None, default_role=None, by=None):
-    """configure(); client_secret None keeps the stored one (same issuer and client id)."""
-    return configure(issuer, client_id, client_secret, domains=domains, admins=admins,
-                     viewers=viewers, role_claim=role_claim, role_map=role_map,
-                     default_role=default_role, by=by)
-
-
-def sso_show():
-    """public(): the configuration with the client secret masked ({"enabled": False} when off)."""
-    return public()
-
-
-def sso_test():
-    return test()
-
-
-def sso_off(by=None):
-    return off(by=by)
