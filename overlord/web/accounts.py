@@ -85,6 +85,15 @@ def _by(req):
     return getattr(req.principal, "name", None)
 
 
+def _sign_in(app, found):
+    """The Set-Cookie line of a new login for the principal a password or the provider
+    vouched for."""
+    auth = _auth()
+    with audit.acting_as(found.actor):             # the sign-in is the account's own act
+        value = auth.login_create(found.name)
+    return cookie(app, LOGIN, value, auth.LOGIN_IDLE)
+
+
 # -- signing in and out --------------------------------------------------------------------------
 
 def login(app, req):
@@ -103,9 +112,7 @@ def login(app, req):
             raise
         code = "locked" if getattr(exc, "http_status", 401) == 429 else "1"
         return Redirect("/login?" + urllib.parse.urlencode({"error": code, "next": nxt}))
-    with audit.acting_as(found.actor):             # the sign-in is the account's own act
-        value = auth.login_create(found.name)
-    line = cookie(app, LOGIN, value, auth.LOGIN_IDLE)
+    line = _sign_in(app, found)
     if req.form:
         return Redirect(nxt, line)
     return Reply(200, {"name": found.name, "role": found.role}, [line])
@@ -127,12 +134,20 @@ def whoami(app, req):
             "role": getattr(p, "role", None), "via": getattr(p, "via", None), "sso": sso_on()}
 
 
+def _need_sso():
+    if not sso_on():
+        raise OverlordError("single sign-on is not configured (overlord sso set)", http_status=404)
+
+
+def _callback_uri(app, req):
+    return origin_of(app, req) + "/sso/callback"
+
+
 def sso_start(app, req):
     """?next=PATH: off to the provider, the flow bound to this browser by a cookie."""
     from overlord.web.server import Redirect
-    if not sso_on():
-        raise OverlordError("single sign-on is not configured (overlord sso set)", http_status=404)
-    url, binding = app.sso_flows().start(origin_of(app, req) + "/sso/callback",
+    _need_sso()
+    url, binding = app.sso_flows().start(_callback_uri(app, req),
                                          safe_next(req.query.get("next")),
                                          address=req.address)    # the per-address cap
     return Redirect(url, cookie(app, SSO, binding, SSO_AGE, lax=True))
@@ -142,25 +157,21 @@ def sso_callback(app, req):
     """The provider's redirect: the flow must be this browser's (its cookie), the ID token
     verified, the account provisioned or found; then signed in, on to the flow's `next`."""
     from overlord.web.server import Page
-    if not sso_on():
-        raise OverlordError("single sign-on is not configured (overlord sso set)", http_status=404)
+    _need_sso()
     oidc = _oidc()
     binding = req.cookie(app.guard.cookie_name(SSO))
     if not binding:
         raise oidc.SSOError("no single sign-on was started in this browser (or it took over "
                             "ten minutes): start again from the sign-in page", http_status=400)
-    identity = app.sso_flows().finish(dict(req.query), binding, origin_of(app, req) + "/sso/callback")
-    found = oidc.provision(identity)
-    auth = _auth()
-    with audit.acting_as(found.actor):             # the sign-in is the account's own act
-        value = auth.login_create(found.name)
+    identity = app.sso_flows().finish(dict(req.query), binding, _callback_uri(app, req))
+    line = _sign_in(app, oidc.provision(identity))
     nxt = safe_next(identity.next_path)
     where = html.escape(nxt, quote=True)
     page = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta http-equiv=\"refresh\" content=\"0;url={where}\"><title>OVERLORD</title>"
             f"</head><body><p>Signed in. <a href=\"{where}\">Continue</a></p></body></html>")
     return Page(200, page.encode(), None,
-                cookies=[cookie(app, LOGIN, value, auth.LOGIN_IDLE), cookie(app, SSO, "", 0, lax=True)])
+                cookies=[line, cookie(app, SSO, "", 0, lax=True)])
 
 
 # -- the administrator's accounts API --------------------------------------------------------------
