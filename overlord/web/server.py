@@ -58,7 +58,6 @@ SEGMENTS = {S_ID: (SID, "not a session id: {!r} (expected YYYYMMDD-HHMMSS-xxxxxx
                                "at most 64)"),
             USER: (USER_NAME, "not an account name: {!r}"),
             TOKEN_ID: (TOKEN_NAME, "not a token id: {!r}")}
-LOGIN_COOKIE = "overlord_login"
 
 # (method, path pattern) -> (what answers, who may call it: overlord/web/roles.py). The one
 # table: ROUTES and RULES are its two columns; a route without a rule cannot be added.
@@ -217,7 +216,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def app(self):
         return self.server.app
 
-    who = None                     # who the request is from, for --log-json (route() sets it)
     retry_after = None             # a 429's Retry-After seconds (fail() sets it)
 
     def setup(self):
@@ -380,7 +378,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             token = value[7:].strip() if value.startswith("Bearer ") else ""
             found = auth.bearer(token) if token.startswith("ovl_") else None
             return (found, "bearer") if found is not None else (None, None)
-        cookie = self.cookie(guard.cookie_name(LOGIN_COOKIE))
+        cookie = self.cookie(guard.cookie_name(accounts.LOGIN))
         found = auth.login_lookup(cookie) if cookie else None
         return (found, "cookie") if found is not None else (None, None)
 
@@ -670,9 +668,9 @@ class Stream:
 
 
 class Redirect:
-    def __init__(self, location, cookie=None, cookies=()):
+    def __init__(self, location, cookie=None):
         self.location = location
-        self.cookies = ([cookie] if cookie else []) + list(cookies)
+        self.cookies = [cookie] if cookie else []
 
 
 class Reply:
@@ -702,7 +700,7 @@ def serve(port=7777, host="127.0.0.1", folder=None, out=None, tls_cert=None, tls
     Beyond loopback (a bind not 127.0.0.0/8 or ::1) the server starts only with accounts and
     TLS (tls_cert and tls_key); `names` (--host) are the names clients use (the Host check's
     allowlist, the first one in the printed link)."""
-    from overlord.ops import access, auth
+    from overlord.ops import access
     out = out or sys.stdout
     host = transport.check_bind(host)
     if not 0 <= port <= 65535:
