@@ -49,9 +49,14 @@ def load_token(home):
     return token
 
 
+def _bracketed(host):
+    """How a Host header names a host (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def host_port(host, port):
     """How a Host header names host:port (an IPv6 address in brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"{_bracketed(host)}:{port}"
 
 
 # A name for --host: a DNS name (letters, digits, dashes, dots) or an IP address.
@@ -98,21 +103,18 @@ class Guard:
         self.loopback = _loopback(host)
         default = 443 if self.tls else 80
         wildcard = host in ("0.0.0.0", "::")
-        named = list(dict.fromkeys(n.lower() for n in names))
-        if not wildcard:
-            named.append(host)
-        named = list(dict.fromkeys(named))
+        named = list(dict.fromkeys([n.lower() for n in names] + ([] if wildcard else [host])))
         self.names = tuple(named)
         self.hosts = set()
         for name in named:
             self.hosts.add(host_port(name, port))
             if port == default:
-                self.hosts.add(f"[{name}]" if ":" in name else name)
+                self.hosts.add(_bracketed(name))
         self.origins = {f"{self.scheme}://{h}" for h in self.hosts}
         # the origin the faces name (the launch link's, and what a refusal says may ask)
         first = named[0] if named else host
-        bare = f"[{first}]" if ":" in first else first
-        self.origin = f"{self.scheme}://" + (bare if port == default else host_port(first, port))
+        self.origin = f"{self.scheme}://" + (_bracketed(first) if port == default
+                                             else host_port(first, port))
 
     def host_ok(self, headers):
         return headers.get("Host", "").lower() in self.hosts
