@@ -22,18 +22,19 @@ def write_private_json(path, data, indent=None):
     store.write_json_atomic(path, data, 0o600, indent=indent)
 
 
-# An account's name: a local name, or (single sign-on) a lower-cased e-mail. Either is one path
-# component under users/ -- never "", ".", "..", a slash, a NUL or an upper-case letter.
-_LOCAL = r"[a-z][a-z0-9_.-]{0,31}"
+# An account's name: a local name (auth.LOCAL_NAME), or (single sign-on) a lower-cased e-mail.
+# Either is one path component under users/ -- never "", ".", "..", a slash, a NUL or an
+# upper-case letter.
 _EMAIL = r"[a-z0-9!#$%&'*+=?^_`{|}~.-]{1,64}@[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*"
 
 
 def valid_user(name):
     """True when `name` is an account name users/<name>/ may be made of."""
     import re
+    from overlord.trust.auth import LOCAL_NAME
     if not isinstance(name, str) or len(name) > 254 or name in (".", ".."):
         return False
-    return re.fullmatch(_LOCAL, name) is not None or re.fullmatch(_EMAIL, name) is not None
+    return LOCAL_NAME.fullmatch(name) is not None or re.fullmatch(_EMAIL, name) is not None
 
 
 def user_dir(name):
