@@ -34,9 +34,9 @@ import time
 import urllib.parse
 
 from overlord.errors import OverlordError, UsageError
+from overlord.trust.auth import ROLES
 from overlord.txn import store
 
-ROLES = ("admin", "operator", "viewer")       # the same as auth.ROLES (checked at import there)
 SCOPES = "openid email profile"
 DEFAULT_ROLE = "operator"
 ALGS = ("RS256", "ES256")
