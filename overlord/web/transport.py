@@ -103,12 +103,6 @@ def quiet(exc):
     return isinstance(exc, (Shrugged, ConnectionError, TimeoutError, ssl.SSLError))
 
 
-def client_key(address):
-    """What the rate limit counts by (auth.address_key: an IPv6 client by its /64)."""
-    from overlord.ops import auth
-    return auth.address_key(address)
-
-
 class RateLimiter:
     """`per_minute` requests a minute per address (a token bucket; 0: no limit)."""
 
@@ -126,7 +120,8 @@ class RateLimiter:
         if self.per_minute <= 0:
             return None
         now = time.monotonic() if now is None else now
-        address = client_key(address)
+        from overlord.ops import auth
+        address = auth.address_key(address)       # an IPv6 client by its /64
         with self.lock:
             bucket = self.buckets.get(address)
             if bucket is None:
