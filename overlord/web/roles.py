@@ -107,4 +107,4 @@ def visible(principal, metas):
 
 def owner_name(principal):
     """What a session the principal starts records as its owner (None: the launch token)."""
-    return getattr(principal, "name", None) if principal is not None else None
+    return getattr(principal, "name", None)
