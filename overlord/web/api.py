@@ -414,7 +414,7 @@ def review(app, req, sid):
     demo = cs["provider"] == S.DEMO
     prof = store.profile(cs["provider"])
     knobs = prof.get("knobs") or {}
-    own = _owner_kw(R.owner_name(req.principal))     # its key; the shared one to its own endpoint
+    own = _owner_kw(req)     # its key; the shared one to its own endpoint
 
     def call():
         try:
@@ -448,7 +448,17 @@ def blame(app, req):
             raise UsageError("path_b64 is not base64") from None
     if not path:
         raise UsageError("blame needs ?path=<a file inside a folder OVERLORD knows>")
-    return visible_blame(req.principal, ops.blame(path))
+    # only the folders of sessions this principal may see are read at all: a file of another
+    # operator's folder is as unknown as one OVERLORD never saw (404, never its text)
+    every = ops.sessions()
+    metas = R.visible(req.principal, every)
+    try:
+        sheet = ops.blame(path, metas)
+    except UsageError as exc:
+        if len(metas) < len(every) and "is not inside any target" in str(exc):
+            raise NotFound(f"no blame for {path}: not a file of a folder you may see") from None
+        raise
+    return visible_blame(req.principal, sheet)
 
 
 def visible_blame(principal, sheet):
@@ -499,16 +509,17 @@ def _index(body, name):
 
 # -- settings and models ------------------------------------------------------------------------------
 
-def _owner_kw(owner):
+def _owner_kw(req):
     """owner=NAME for an account's call (its keys, its notes); nothing for the launch token
     (the machine's, as before accounts)."""
+    owner = R.owner_name(req.principal)
     return {"owner": owner} if owner else {}
 
 
 def get_settings(app, req):
     """Your settings (an account's own ui.json) and where each provider's key comes from:
     your own ("own"), the environment, or the machine's shared key ("store")."""
-    own = _owner_kw(R.owner_name(req.principal))
+    own = _owner_kw(req)
     data = app.settings_for(req.principal).public(ops.keys_list(**own))
     data["backends"] = app.backends
     data["providers"] = list(S.PROVIDERS)
@@ -519,7 +530,7 @@ def put_settings(app, req):
     """Change your settings; a key given is stored as yours (an account's keys.json)."""
     if req.body is None:
         raise UsageError("send the settings to change as a JSON object")
-    own = _owner_kw(R.owner_name(req.principal))
+    own = _owner_kw(req)
     for key in app.settings_for(req.principal).update(req.body):
         ops.keys_set(*key, **own)
     return get_settings(app, req)
@@ -529,7 +540,6 @@ def models(app, req):
     """?provider=P[&base_url=U][&role=countersign]: the models the endpoint serves now. For
     the countersignature, its own endpoint and headers (and the demo's reviewer script)."""
     store = app.settings_for(req.principal)
-    owner = R.owner_name(req.principal)
     cfg = store.load()
     provider = req.query.get("provider") or cfg["provider"]
     prof = dict(store.profile(provider))
@@ -545,7 +555,7 @@ def models(app, req):
         return {"provider": provider, "models": ops.models(provider, script=script)}
     listed = ops.models(provider, base_url=base_url, headers=prof["headers"] or None,
                         api=knobs.get("api"), azure_api_version=knobs.get("azure_api_version"),
-                        **_owner_kw(owner))
+                        **_owner_kw(req))
     return {"provider": provider, "models": listed}
 
 
@@ -633,7 +643,7 @@ def _folder(app, req):
 def memory_user(app, req):
     """Your notes (OVERLORD_HOME/memory.md; an account's users/<name>/memory.md): {path, text,
     bytes, cap}; cap is what the agent is told of them (the newest part, when they are longer)."""
-    return ops.memory_user(**_owner_kw(R.owner_name(req.principal)))
+    return ops.memory_user(**_owner_kw(req))
 
 
 def put_memory_user(app, req):
@@ -643,7 +653,7 @@ def put_memory_user(app, req):
         raise S.Invalid("text", "send your notes as {\"text\": \"...\"}")
     if "\0" in text:
         raise S.Invalid("text", "your notes must be text (a NUL byte is not)")
-    own = _owner_kw(R.owner_name(req.principal))
+    own = _owner_kw(req)
     ops.memory_user_set(text, by="workspace", **own)
     return ops.memory_user(**own)
 
@@ -652,9 +662,10 @@ def memory_folder(app, req):
     """?folder=DIR: what the agent would be told before message one there (exactly
     `overlord memory show`), with its sources, and the folder's journal of committed work."""
     folder = _folder(app, req)
-    told = ops.memory_show(folder, **_owner_kw(R.owner_name(req.principal)))
+    told = ops.memory_show(folder, **_owner_kw(req))
     return {"folder": folder, "text": told.get("text", ""), "sha256": told.get("sha256"),
-            "sources": told.get("sources") or [], "journal": ops.memory_journal(folder)}
+            "sources": told.get("sources") or [],
+            "journal": R.visible(req.principal, ops.memory_journal(folder))}
 
 
 def chat_memory(app, req, sid):
