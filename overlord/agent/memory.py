@@ -213,15 +213,22 @@ def newest(tail, cap, size):
 
 # -- the journal -------------------------------------------------------------------------------
 
-def journal_entries(target):
-    """(entries oldest first, sha256 of the file or None); a damaged line is skipped."""
+EVERYONE = object()          # journal_entries(owner=EVERYONE): every session's lines
+
+
+def journal_entries(target, owner=EVERYONE):
+    """(entries oldest first, sha256 of the file or None); a damaged line is skipped. owner:
+    only the lines of that account's sessions (None: those opened from the CLI)."""
     path = journal_path(target)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:          # none yet (or unreadable: then there is nothing it can tell)
         return [], None
-    return store.parse_jsonl(data), hashlib.sha256(data).hexdigest()
+    entries = store.parse_jsonl(data)
+    if owner is not EVERYONE and owner is not None:
+        entries = [e for e in entries if e.get("owner") == owner]
+    return entries, hashlib.sha256(data).hexdigest()
 
 
 def journal_line(entry):
@@ -268,7 +275,7 @@ def journal_commit(session):
         paths = committed_paths(session)
         entry = {"sid": session.sid, "at": meta.get("committed") or time.time(),
                  "target": session.target, "task": _task(session), "claim": _claim(session),
-                 "files": paths[:FILES_CAP], "changes": len(paths)}
+                 "files": paths[:FILES_CAP], "changes": len(paths), "owner": meta.get("owner")}
         os.makedirs(journal_dir(), mode=0o700, exist_ok=True)
         store.append_jsonl(journal_path(session.target), [entry])
         meta["journaled"] = True
@@ -347,7 +354,8 @@ def fenced(text):
 def gather(target, owner=None):
     """Told: the memory section of the system prompt for a session on target (its real path)
     and what it was built from. owner: the account whose notes are the user source (None:
-    OVERLORD_HOME/memory.md, as for the CLI)."""
+    OVERLORD_HOME/memory.md, as for the CLI); an account's agent is told the journal of that
+    account's own committed sessions only (another's task and files are not disclosed to it)."""
     sources, blocks = [], []
     project = os.path.join(target, PROJECT_FILE)
     try:
@@ -363,7 +371,7 @@ def gather(target, owner=None):
     path = user_path(owner)
     _notes("user", path, read_user(owner, label=f"your notes ({user_label(owner)})"),
            USER_HEAD, sources, blocks)
-    entries, digest = journal_entries(target)
+    entries, digest = journal_entries(target, owner)
     lines = [journal_line(e) for e in entries]
     kept, used = [], 0
     for line in reversed(lines):

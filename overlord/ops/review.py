@@ -307,7 +307,8 @@ def traced(sid):
     return get_session(sid).meta.get("trace")
 
 
-def blame(path):
-    """Each line of a committed file with the session, layer and cause that produced it."""
+def blame(path, metas=None):
+    """Each line of a committed file with the session, layer and cause that produced it.
+    metas: the sessions whose folders may be read (None: every session's)."""
     from overlord.txn import blame as txn_blame      # (objects, difflib): blame only
-    return txn_blame.blame(path)
+    return txn_blame.blame(path, metas)

@@ -560,6 +560,10 @@ def set_role(name, role, by=None, keep_login=None):
     with _changing() as data:
         rec = _account(data, name)
         was = rec["role"]
+        if was == "admin" and not any(r["role"] == "admin" for r in data["users"].values()
+                                      if r is not rec):
+            raise OverlordError(f"{name} is the last administrator: make another account admin "
+                                "first (or nobody could manage the accounts)", http_status=409)
         rec["role"] = role
         rec["gen"] += 1
     ended = end_logins(name, keep=keep_login)

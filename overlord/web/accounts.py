@@ -209,6 +209,10 @@ def user_change(app, req, name):
         raise UsageError("send {\"role\": ...} or {\"password\": ...}")
     if auth.get(name) is None:
         raise OverlordError(f"no account named {name!r}", http_status=404)
+    if _by(req) == name and req.principal.via != "cookie":
+        # as for /api/me/password: a leaked script token must not lock its owner out
+        raise OverlordError("changing your own account needs a sign-in, not a script token",
+                            http_status=403)
     keep = req.principal.login if _by(req) == name else None
     if "role" in body:
         if body["role"] not in auth.ROLES:

@@ -447,3 +447,22 @@ def test_an_accounts_workspace_settings_are_not_read_through_a_symlinked_folder(
     with pytest.raises(OverlordError, match="not a directory of yours"):
         S.Settings("/tmp", path=S.user_path("bob")).load()
     assert S.Settings("/tmp", path=S.user_path("carol")).load()["provider"] == "anthropic"
+
+
+def test_an_accounts_agent_is_told_only_its_own_journal_lines(home, target):
+    """The folder's journal names each committed session's task and files: an account's agent
+    is told its own sessions' lines only; the CLI (the admin's) every line."""
+    from overlord.agent import memory as M
+    os.makedirs(M.journal_dir(), exist_ok=True)
+    lines = [{"sid": "20261201-000000-aaaaaa", "at": 1, "task": "bob's secret plan", "owner": "bob",
+              "files": ["a"], "changes": 1},
+             {"sid": "20261201-000000-bbbbbb", "at": 2, "task": "olive's own work", "owner": "olive",
+              "files": ["b"], "changes": 1},
+             {"sid": "20261201-000000-cccccc", "at": 3, "task": "from the terminal", "files": [],
+              "changes": 0}]
+    with open(M.journal_path(os.path.realpath(target)), "w") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in lines))
+    olive = M.gather(os.path.realpath(target), "olive").text
+    assert "olive's own work" in olive and "bob's secret plan" not in olive and "terminal" not in olive
+    cli = M.gather(os.path.realpath(target)).text
+    assert all(t in cli for t in ("bob's secret plan", "olive's own work", "from the terminal"))

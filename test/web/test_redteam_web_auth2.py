@@ -98,9 +98,6 @@ def bobs_committed_work(tmp_path):
 
 # -- a path or a folder instead of a session id -------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="hole: /api/blame reads any file under any session's "
-                   "target (another operator's folder, a CLI session's), lines no session wrote "
-                   "come back whole to an operator who may see none of those sessions")
 def test_blame_does_not_read_another_operators_folder(kernel, tmp_path, target):
     add("olive")
     folder, sid = bobs_committed_work(tmp_path)
@@ -130,9 +127,6 @@ def test_blame_of_another_operators_lines_is_404(kernel, tmp_path, target):
         ui.close()
 
 
-@pytest.mark.xfail(strict=True, reason="hole: GET /api/memory?folder= returns the folder's "
-                   "journal whole -- another operator's committed session, its sid, its task "
-                   "and the model's claim -- the session whose dossier is a 404")
 def test_memory_of_a_folder_does_not_tell_another_operators_sessions(kernel, tmp_path, target):
     add("olive")
     folder, sid = bobs_committed_work(tmp_path)
@@ -168,9 +162,6 @@ def test_a_folder_overlapping_overlord_home_is_refused_for_memory_skills_and_cha
 
 # -- the accounts API: no way into a machine without an administrator --------------------------
 
-@pytest.mark.xfail(strict=True, reason="hole: the last administrator may demote themselves "
-                   "through PUT /api/users/NAME (removing yourself is refused with 409, this "
-                   "is not): the machine is left with no admin the web face can recover")
 def test_the_last_admin_cannot_demote_themselves(server):
     add("ada")
     login = auth.login_create("ada")
@@ -203,10 +194,6 @@ def test_accounts_api_refuses_bad_roles_renames_and_self_removal(server):
     assert {r["name"]: r["role"] for r in auth.listing()} == {"ada": "admin", "olive": "operator"}
 
 
-@pytest.mark.xfail(strict=True, reason="hole: an admin's script token changes its own "
-                   "account's password through PUT /api/users/<self> (roles.PERSON refuses "
-                   "exactly that on /api/me/password): a leaked token takes the account over "
-                   "and signs its owner out, outliving its own revocation")
 def test_an_admins_script_token_cannot_change_its_own_accounts_password(server):
     add("ada")
     login = auth.login_create("ada")                 # ada, signed in in her browser
