@@ -88,9 +88,6 @@ class Settings:
         self.path = path              # None: the machine's (OVERLORD_HOME/ui-settings.json)
         self._lock = threading.Lock()
 
-    def file(self):
-        return self.path or path()
-
     def _read(self):
         """The stored text. An account's file is read inside its folder opened without
         following a link (ops.open_user_dir): users/bob -> alice never reads alice's settings."""
