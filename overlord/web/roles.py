@@ -24,6 +24,7 @@ meta (its `owner`; CLI sessions have none and are the admin's).
 """
 from overlord import ops
 from overlord.errors import NotFound, OverlordError
+from overlord.ops import auth
 
 OPEN, ANY, SEE, CHANGE, WRITE, AUDIT, ADMIN, ACCOUNT, PERSON = (
     "open", "any", "see", "change", "write", "audit", "admin", "account", "person")
@@ -36,11 +37,6 @@ class Unauthorized(OverlordError):
 
 class Forbidden(OverlordError):
     http_status = 403
-
-
-def _auth():
-    from overlord.ops import auth
-    return auth
 
 
 def sign_in_words(accounts):
@@ -89,7 +85,6 @@ def session_meta(principal, sid, change=False):
     """The session's meta when the principal may see it (and, with change, change it);
     otherwise the very answer a session that does not exist gets."""
     meta = ops.get_session(sid).meta
-    auth = _auth()
     if not auth.can_see(principal, meta):
         raise NotFound(f"no such session: {sid}")
     if change and not auth.can_change(principal, meta):
@@ -101,7 +96,6 @@ def session_meta(principal, sid, change=False):
 
 def visible(principal, metas):
     """The metas (or rows with `owner`) the principal may see."""
-    auth = _auth()
     return [m for m in metas if auth.can_see(principal, m)]
 
 
