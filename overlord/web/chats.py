@@ -29,7 +29,7 @@ import time
 
 from overlord import ops
 from overlord.errors import NotFound, OverlordError, UsageError
-from overlord.ops import launcher
+from overlord.ops import auth, launcher
 from overlord.web import roles as R
 from overlord.web import settings as S
 
@@ -119,7 +119,7 @@ class Chats:
         with ch.cond:
             records = ops.transcript(sid)
             partial, pending = _partial(ch, records), ch.pending
-        may_write = principal is None or _auth().can_change(principal, session.meta)
+        may_write = principal is None or auth.can_change(principal, session.meta)
         return {"chat": self.summary(session.meta), "records": views(records), "partial": partial,
                 "pending": pending, "may_write": may_write}
 
@@ -385,11 +385,6 @@ def _thread(work):
     """Run work in a thread of its own, in this request's context (the account it acts for)."""
     ctx = contextvars.copy_context()
     threading.Thread(target=ctx.run, args=(work,), name="overlord-chat", daemon=True).start()
-
-
-def _auth():
-    from overlord.ops import auth
-    return auth
 
 
 # The engine's refusals name CLI flags; here the same grants are switches in Settings.
