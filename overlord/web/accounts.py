@@ -15,17 +15,12 @@ import html
 import urllib.parse
 
 from overlord.errors import OverlordError, UsageError
-from overlord.ops import audit
+from overlord.ops import audit, auth
 
 LOGIN = "overlord_login"
 SSO = "overlord_sso"
 SSO_AGE = 600
 MAX_NAME, MAX_PASSWORD, MAX_LABEL = 254, 1024, 100
-
-
-def _auth():
-    from overlord.ops import auth
-    return auth
 
 
 def _oidc():
@@ -88,7 +83,6 @@ def _by(req):
 def _sign_in(app, found):
     """The Set-Cookie line of a new login for the principal a password or the provider
     vouched for."""
-    auth = _auth()
     with audit.acting_as(found.actor):             # the sign-in is the account's own act
         value = auth.login_create(found.name)
     return cookie(app, LOGIN, value, auth.LOGIN_IDLE)
@@ -100,7 +94,6 @@ def login(app, req):
     """{name, password} as JSON -> 200 and the login cookie, or 401 (429 when locked out); as
     the sign-in page's form -> 303 to `next` (a path here), or back to /login?error=..."""
     from overlord.web.server import Redirect, Reply
-    auth = _auth()
     body = req.body or {}
     nxt = safe_next(body.get("next")) if req.form else "/"
     try:
@@ -123,14 +116,14 @@ def logout(app, req):
     from overlord.web.server import Reply
     value = req.cookie(app.guard.cookie_name(LOGIN))
     if value:
-        _auth().login_end(value)
+        auth.login_end(value)
     return Reply(200, {"signed_out": True}, [cookie(app, LOGIN, "", 0)])
 
 
 def whoami(app, req):
     """{accounts, name, role, via, sso}: whether sign-in is on, and who this request is."""
     p = req.principal
-    return {"accounts": _auth().enabled(), "name": getattr(p, "name", None),
+    return {"accounts": auth.enabled(), "name": getattr(p, "name", None),
             "role": getattr(p, "role", None), "via": getattr(p, "via", None), "sso": sso_on()}
 
 
@@ -177,11 +170,11 @@ def sso_callback(app, req):
 # -- the administrator's accounts API --------------------------------------------------------------
 
 def users(app, req):
-    return {"users": _auth().listing()}
+    return {"users": auth.listing()}
 
 
 def _entry(name):
-    for row in _auth().listing():
+    for row in auth.listing():
         if row["name"] == name:
             return row
     return None
@@ -189,7 +182,6 @@ def _entry(name):
 
 def user_add(app, req):
     """{name, role, password}: a local account (single sign-on ones are made at first sign-in)."""
-    auth = _auth()
     body = req.body or {}
     name = _text(body, "name", MAX_NAME)
     role = body.get("role")
@@ -203,7 +195,6 @@ def user_add(app, req):
 def user_change(app, req, name):
     """{role} or {password}: change one; either ends the account's other logins (an admin
     changing their own keeps this one)."""
-    auth = _auth()
     body = req.body or {}
     if set(body) not in ({"role"}, {"password"}):
         raise UsageError("send {\"role\": ...} or {\"password\": ...}")
@@ -224,7 +215,6 @@ def user_change(app, req, name):
 
 
 def user_remove(app, req, name):
-    auth = _auth()
     if name == _by(req):
         raise OverlordError("you cannot remove your own account: ask another administrator",
                             http_status=409)
@@ -240,7 +230,6 @@ def my_password(app, req):
     """{old, new}: the old password proves it is you (a wrong one counts toward the lockout);
     your other logins end, this one stays. Signed in only (roles.PERSON: not with a script
     token)."""
-    auth = _auth()
     p = req.principal
     if "@" in p.name:
         raise OverlordError("a single sign-on account has no password here: change it with "
@@ -254,20 +243,19 @@ def my_password(app, req):
 
 
 def my_tokens(app, req):
-    return {"tokens": _auth().tokens(req.principal.name)}
+    return {"tokens": auth.tokens(req.principal.name)}
 
 
 def my_token_mint(app, req):
     """{label}: a script token (`Authorization: Bearer ovl_...`), shown this once. Signed in
     only (roles.PERSON): a token never mints another."""
     label = _text(req.body or {}, "label", MAX_LABEL, required=False)
-    token_id, token = _auth().mint_token(req.principal.name, label=label or None,
+    token_id, token = auth.mint_token(req.principal.name, label=label or None,
                                          by=req.principal.name)
     return {"id": token_id, "token": token}
 
 
 def my_token_revoke(app, req, token_id):
-    auth = _auth()
     if not any(t["id"] == token_id for t in auth.tokens(req.principal.name)):
         raise OverlordError(f"you have no token {token_id!r}", http_status=404)
     auth.revoke(req.principal.name, token_id, by=req.principal.name)
