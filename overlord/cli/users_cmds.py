@@ -104,7 +104,8 @@ def cmd_users(args):
 
 
 def read_password(prompt):
-    """A password from stdin (not a terminal: its first line) or typed twice at a prompt."""
+    """A password from stdin (not a terminal: its first line, without its line ending, \n or
+    \r\n) or typed twice at a prompt."""
     stdin = sys.stdin
     if stdin is None:
         raise UsageError("no password: stdin is closed (pipe one line into the command)")
@@ -119,17 +120,14 @@ def read_password(prompt):
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise UsageError("the password on stdin is not UTF-8 text") from None
-        return line[:-1] if line.endswith("\n") else line
+        line = line[:-1] if line.endswith("\n") else line
+        return line[:-1] if line.endswith("\r") else line
     import getpass
     first = getpass.getpass(f"{prompt}: ")
     second = getpass.getpass("the same again: ")
     if first != second:
         raise UsageError("the two passwords differ: nothing changed")
     return first.rstrip("\r")
-
-
-def _strip_cr(password):
-    return password[:-1] if password.endswith("\r") else password
 
 
 def _add(auth, args):
@@ -139,7 +137,7 @@ def _add(auth, args):
         raise UsageError(f"account {args.name} exists (change it with `overlord users passwd` "
                          "or `overlord users role`)")
     was_on = auth.enabled()
-    password = _strip_cr(read_password(f"password for {args.name}"))
+    password = read_password(f"password for {args.name}")
     auth.add(args.name, args.role, password=password, by=R.cli_actor())
     print(f"added {args.name} ({args.role})")
     if not was_on:
@@ -176,7 +174,7 @@ def _passwd(auth, args):
         raise NotFound(f"no account {args.name}")
     if rec.get("sso"):
         raise UsageError(f"{args.name} signs in with single sign-on: it has no password")
-    password = _strip_cr(read_password(f"new password for {args.name}"))
+    password = read_password(f"new password for {args.name}")
     done = auth.passwd(args.name, password, by=R.cli_actor())
     print(f"password changed for {args.name}; {_ended(done['ended'])}")
     return 0
