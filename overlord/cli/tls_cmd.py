@@ -94,7 +94,7 @@ def cmd_selfsign(args):
         raise OverlordError(f"cannot write in {out}: {exc.strerror}") from None
     try:
         new_key, new_cert = os.path.join(work, "key.pem"), os.path.join(work, "cert.pem")
-        cn = names[0] if len(names[0]) <= 64 else names[0][:64]
+        cn = names[0][:64]                  # a CN is at most 64 characters
         cmd = [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                "-nodes", "-keyout", new_key, "-out", new_cert, "-days", str(args.days),
                "-subj", f"/CN={cn}", "-addext", f"subjectAltName={alt}",
