@@ -22,6 +22,8 @@ the address listed), and the account is named by the lower-cased e-mail -- never
 exists already (local names have no "@"; another identity's account is not taken over).
 """
 import base64
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -71,20 +73,16 @@ def path():
     return os.path.join(store.home(), "sso.json")
 
 
+@contextlib.contextmanager
 def _lock():
+    """sso.json's flock, for a read-modify-write (sso.json.lock beside it)."""
     store.ensure_home()
-    import contextlib
-    import fcntl
-
-    @contextlib.contextmanager
-    def held():
-        fd = os.open(path() + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-    return held()
+    fd = os.open(path() + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def config():
@@ -220,7 +218,6 @@ def configure(issuer, client_id, client_secret, domains=(), admins=(), viewers=(
     if default_role not in ROLES:
         raise UsageError(f"the default role must be one of {', '.join(ROLES)}")
     with _lock():
-        old = None
         try:
             old = config()
         except OverlordError:
