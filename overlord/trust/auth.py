@@ -704,6 +704,13 @@ def _login_path(digest):
     return os.path.join(logins_dir(), digest + ".json")
 
 
+def _cookie_digest(cookie_value):
+    """The sha256 hex a login cookie's file is named by, or None for what is no cookie of ours."""
+    if not isinstance(cookie_value, str) or not COOKIE_RE.match(cookie_value):
+        return None
+    return _sha(cookie_value)
+
+
 @contextlib.contextmanager
 def _logins_locked():
     root = store.ensure_home()
@@ -808,9 +815,9 @@ def login_lookup(cookie_value):
     """The principal of a login cookie, or None: malformed, unknown, idle past LOGIN_IDLE,
     of a removed account or of an account changed since (those files are removed). The role
     is the account's current one. "seen" is written at most once a minute."""
-    if not isinstance(cookie_value, str) or not COOKIE_RE.match(cookie_value):
+    digest = _cookie_digest(cookie_value)
+    if digest is None:
         return None
-    digest = _sha(cookie_value)
     p = _login_path(digest)
     rec = _read_login(p)
     if rec is None:
@@ -840,9 +847,9 @@ def _touch_login(p, seen_rec, now):
 
 def login_end(cookie_value):
     """Sign-out: the login's file is removed. Audited auth.logout. True when there was one."""
-    if not isinstance(cookie_value, str) or not COOKIE_RE.match(cookie_value):
+    digest = _cookie_digest(cookie_value)
+    if digest is None:
         return False
-    digest = _sha(cookie_value)
     p = _login_path(digest)
     with _logins_locked():
         rec = _read_login(p)
