@@ -76,6 +76,12 @@ def _text(body, field, limit, required=True):
     return value
 
 
+def _role(value):
+    if value not in auth.ROLES:
+        raise UsageError(f"role must be one of {', '.join(auth.ROLES)}")
+    return value
+
+
 def _by(req):
     return getattr(req.principal, "name", None)
 
@@ -184,9 +190,7 @@ def user_add(app, req):
     """{name, role, password}: a local account (single sign-on ones are made at first sign-in)."""
     body = req.body or {}
     name = _text(body, "name", MAX_NAME)
-    role = body.get("role")
-    if role not in auth.ROLES:
-        raise UsageError(f"role must be one of {', '.join(auth.ROLES)}")
+    role = _role(body.get("role"))
     password = _text(body, "password", MAX_PASSWORD)
     auth.add(name, role, password=password, by=_by(req))
     return {"user": _entry(name)}
@@ -206,9 +210,7 @@ def user_change(app, req, name):
                             http_status=403)
     keep = req.principal.login if _by(req) == name else None
     if "role" in body:
-        if body["role"] not in auth.ROLES:
-            raise UsageError(f"role must be one of {', '.join(auth.ROLES)}")
-        auth.set_role(name, body["role"], by=_by(req), keep_login=keep)
+        auth.set_role(name, _role(body["role"]), by=_by(req), keep_login=keep)
     else:
         auth.passwd(name, _text(body, "password", MAX_PASSWORD), by=_by(req), keep_login=keep)
     return {"user": _entry(name)}
