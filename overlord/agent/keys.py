@@ -25,10 +25,10 @@ ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY",
 
 def path(owner=None):
     """The machine's key file, or (owner) the account's own: users/<owner>/keys.json. A name
-    that is not an account name is refused (ops.home.user_dir): none leads outside users/."""
+    that is not an account name is refused (trust.userdirs.user_dir): none leads outside users/."""
     if owner is None:
         return os.path.join(store.home(), "keys.json")
-    from overlord.ops.home import user_dir
+    from overlord.trust.userdirs import user_dir
     return os.path.join(user_dir(owner), "keys.json")
 
 
@@ -55,7 +55,7 @@ def _load(owner=None):
     if owner is not None:
         # users/<owner>/ itself is never followed through a link (nor users/): opened
         # O_DIRECTORY|O_NOFOLLOW and checked ours, the file opened at it
-        from overlord.ops.home import open_user_dir
+        from overlord.trust.userdirs import open_user_dir
         dfd = open_user_dir(owner)
         if dfd is None:
             return {}
@@ -125,7 +125,7 @@ def set(provider, key, owner=None):  # noqa: A001 -- the module's verb, as in `o
         raise UsageError("a key cannot contain whitespace")
     target = path(owner)              # a hostile owner is refused before anything is made
     if owner is not None:
-        from overlord.ops.home import ensure_user_dir
+        from overlord.trust.userdirs import ensure_user_dir
         ensure_user_dir(owner)
     with locked(target):
         data = _load(owner)

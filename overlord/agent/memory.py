@@ -82,23 +82,23 @@ class Told:
 def user_path(owner=None):
     """The person's notes: OVERLORD_HOME/memory.md, or an account's own
     OVERLORD_HOME/users/<owner>/memory.md (a name that is not an account name is refused:
-    ops.home.user_dir)."""
+    trust.userdirs.user_dir)."""
     if owner is None:
         return os.path.join(store.home(), USER_FILE)
-    from overlord.ops.home import user_dir
+    from overlord.trust.userdirs import user_dir
     return os.path.join(user_dir(owner), USER_FILE)
 
 
 def read_user(owner=None, cap=None, label=None):
     """read_notes of the person's notes (user_path(owner)), newest `cap` bytes (CAPS["user"]
     unless told). An account's users/<owner>/ is opened O_DIRECTORY|O_NOFOLLOW and must be a
-    folder of ours (ops.home.open_user_dir) and memory.md is read at it: a users/<owner> that
+    folder of ours (trust.userdirs.open_user_dir) and memory.md is read at it: a users/<owner> that
     is a link (users/bob -> alice) or not ours is a warning, never another's notes."""
     cap = CAPS["user"] if cap is None else cap
     label = label or user_label(owner)
     if owner is None:
         return read_notes(user_path(owner), cap, label=label)
-    from overlord.ops.home import open_user_dir
+    from overlord.trust.userdirs import open_user_dir
     user_path(owner)                       # a name that is not an account name is refused
     try:
         dfd = open_user_dir(owner)

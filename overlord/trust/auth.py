@@ -56,10 +56,10 @@ from dataclasses import dataclass, field
 from overlord.errors import Conflict, NotFound, OverlordError, UsageError
 from overlord.text import escape_path
 from overlord.trust import audit
+from overlord.trust.userdirs import LOCAL_NAME     # local accounts (fullmatch); never an "@"
 from overlord.txn import store
 
 ROLES = ("admin", "operator", "viewer")
-LOCAL_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,31}$")   # local accounts; never contain "@"
 # SSO accounts are named by their lower-cased e-mail (always contain "@"): no collision possible.
 SCRYPT = {"n": 1 << 17, "r": 8, "p": 1}                # minimum; stored per hash
 LOGIN_IDLE = 7 * 86400
@@ -73,9 +73,9 @@ CHECK_MAX = 4096                              # characters, for a password being
 LABEL_MAX = 64
 TOKENS_MAX = 100                              # per account
 TOUCH_EVERY = 60                              # seconds between two writes of "seen" / "used"
-TOKEN_RE = re.compile(r"^ovl_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
-COOKIE_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")          # secrets.token_urlsafe(32)
-LOGIN_FILE_RE = re.compile(r"^[0-9a-f]{64}\.json$")
+TOKEN_RE = re.compile(r"^ovl_([0-9a-f]{12})_([A-Za-z0-9_-]{43})\Z")
+COOKIE_RE = re.compile(r"^[A-Za-z0-9_-]{43}\Z")          # secrets.token_urlsafe(32)
+LOGIN_FILE_RE = re.compile(r"^[0-9a-f]{64}\.json\Z")
 FILE_CAP = 64 << 20                           # users.json bytes read at most
 MAXMEM = 1 << 30                              # scrypt parameters stored beyond this are refused
 
@@ -152,7 +152,7 @@ def logins_dir():
 
 def user_dir(name):
     """OVERLORD_HOME/users/<name>/ (not made; a name that is no account name is refused)."""
-    from overlord.ops.home import user_dir as where
+    from overlord.trust.userdirs import user_dir as where
     return where(name)
 
 
@@ -254,7 +254,7 @@ def _shape(data):
             return f"{name!r} has no id, gen or created"
         sso = rec.get("sso")
         if sso is None:
-            if not LOCAL_NAME.match(name) or _hash_params(rec.get("password")) is None:
+            if not LOCAL_NAME.fullmatch(name) or _hash_params(rec.get("password")) is None:
                 return f"{name!r} is a local account without a valid password hash"
         elif not isinstance(sso, dict) or "@" not in name or rec.get("password") is not None \
                 or not all(isinstance(sso.get(k), str) for k in ("issuer", "sub", "email")):
@@ -384,13 +384,13 @@ def _check_role(role):
 
 def check_local_name(name):
     """A local account's name (LOCAL_NAME); else UsageError saying the rule."""
-    if not isinstance(name, str) or not LOCAL_NAME.match(name):
+    if not isinstance(name, str) or not LOCAL_NAME.fullmatch(name):
         raise UsageError(f"not a local account name: {name!r} ({LOCAL_RULE})")
     return name
 
 
 def _check_sso_name(name):
-    from overlord.ops.home import valid_user
+    from overlord.trust.userdirs import valid_user
     if not isinstance(name, str) or "@" not in name or not valid_user(name):
         raise UsageError(f"not a single sign-on account name: {name!r} (a lower-case e-mail)")
     return name
@@ -398,8 +398,8 @@ def _check_sso_name(name):
 
 def check_name(name):
     """A local name or a single sign-on account's (a lower-case e-mail); else UsageError."""
-    from overlord.ops.home import valid_user
-    if not isinstance(name, str) or not (LOCAL_NAME.match(name)
+    from overlord.trust.userdirs import valid_user
+    if not isinstance(name, str) or not (LOCAL_NAME.fullmatch(name)
                                          or ("@" in name and valid_user(name))):
         raise UsageError(f"not an account name: {name!r}")
     return name
@@ -1007,7 +1007,7 @@ def check_password(name, password, address):
     _refuse_while_locked(key, address)
     if "@" in name:
         raise AuthError("sign in with single sign-on: this name is a single sign-on account")
-    rec = _load()["users"].get(name) if LOCAL_NAME.match(name) else None
+    rec = _load()["users"].get(name) if LOCAL_NAME.fullmatch(name) else None
     right = _verify(rec.get("password") if rec else None, password) and rec is not None
     # again: a lock may have come while hashing (a burst of guesses waiting for a hash slot)
     _refuse_while_locked(key, address)

@@ -595,3 +595,14 @@ def test_the_address_lock_counts_an_ipv6_client_by_its_64():
     assert lock.locked("someone-else", "2001:db8:1:3::1") is None
     assert A.address_key("::ffff:10.0.0.7") == "10.0.0.7" and A.address_key("10.0.0.7") == "10.0.0.7"
     assert A.address_key("not an address") == "not an address"
+
+
+@pytest.mark.parametrize("name", ["alice\n", "alice\r", "ali ce", "alice\x00"])
+def test_a_name_with_a_trailing_line_end_is_no_local_name(name):
+    """The name rules match the whole string: "alice\\n" is not alice (a `$` would let the
+    newline through)."""
+    from overlord.trust import auth as A
+    with pytest.raises(UsageError):
+        A.check_local_name(name)
+    token = "ovl_" + "a" * 12 + "_" + "b" * 43
+    assert A.TOKEN_RE.match(token) and not A.TOKEN_RE.match(token + "\n")
