@@ -921,13 +921,15 @@
 
   async function fillMemory() {
     const seq = ++memory.seq;
+    memory.typed = false;
     for (const id of ["m-user-error", "m-error", "m-user-saved"]) $(id).textContent = "";
     try {
       const u = await api("GET", "/api/memory/user");
       if (seq !== memory.seq) return;
       memory.text = u.text || "";
       memory.cap = u.cap || 0;
-      $("m-user").value = memory.text;
+      /* what the person typed while the notes loaded stays (Save then keeps it) */
+      if (!memory.typed) $("m-user").value = memory.text;
       userSize();
     } catch (e) {
       if (seq === memory.seq) $("m-user-error").textContent = `Your notes could not be read: ${e.message}`;
@@ -1288,7 +1290,7 @@
         loadModels();
         return;
       }
-      if (memory.text !== null && $("m-user").value !== memory.text && !(await saveUserNotes())) {
+      if (memory.typed && $("m-user").value !== memory.text && !(await saveUserNotes())) {
         $("m-user").focus();
         return;                                /* your notes were refused: say so, stay open */
       }
@@ -1345,7 +1347,7 @@
   for (const b of document.querySelectorAll("#settings-nav [data-goto]")) {
     b.addEventListener("click", () => $(b.dataset.goto).scrollIntoView({block: "start"}));
   }
-  $("m-user").addEventListener("input", () => { userSize(); $("m-user-saved").textContent = ""; });
+  $("m-user").addEventListener("input", () => { memory.typed = true; userSize(); $("m-user-saved").textContent = ""; });
   $("m-user-save").addEventListener("click", saveUserNotes);
   $("k-add").addEventListener("click", addSkill);
   $("k-path").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); addSkill(); } });
