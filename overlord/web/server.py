@@ -1,7 +1,8 @@
-"""`overlord ui`: a threaded http.server on 127.0.0.1, HTTP/1.1 keep-alive.
+"""`overlord ui`: a threaded http.server (127.0.0.1; beyond it only with accounts and TLS:
+transport.py), HTTP/1.1 keep-alive.
 
 One handler class dispatches every request through the same sequence, top to bottom:
-Host (421) -> path (400) -> /healthz -> ?token= exchange (303) -> the principal (401, or the
+the rate limit (429) -> Host (421) -> path (400) -> /healthz -> ?token= exchange (303) -> the principal (401, or the
 sign-in page) -> origin (403) -> route (404/405) -> body (411/413/400) -> the route's rule
 (roles.py: 404 for another's session, 403 for a viewer's change or a non-admin) -> the page,
 the asset or the API call, whose errors become JSON with their status (never a 500 for a
