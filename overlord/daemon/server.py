@@ -248,6 +248,9 @@ class Daemon:
             except OSError:
                 pass
         old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        # a signal taken by another thread does not interrupt this select(): the wakeup fd
+        # makes the interpreter's own C handler write to the pipe, whichever thread took it
+        old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         try:
             self.log(f"serving on {escape_path(self.path)} (pid {os.getpid()})")
             _notify(self.notify, f"READY=1\nMAINPID={os.getpid()}")
@@ -260,6 +263,7 @@ class Daemon:
             self.log("stopped")
             return 0
         finally:
+            signal.set_wakeup_fd(old_wakeup)
             for s, handler in old.items():
                 signal.signal(s, handler)
             os.close(wake_r)
