@@ -31,6 +31,12 @@ _EXPORTS = {
     "broker": ("BROKERED", "Broker", "Caller", "TOOL_SPECS", "ToolOutcome", "covered"),
     "memory": ("memory_accept", "memory_journal", "memory_proposals", "memory_show", "memory_user", "memory_user_add", "memory_user_set"),
     "skills": ("skill_add", "skill_new", "skill_remove", "skill_show", "skills_list"),
+    # issue 16 (each module's owner keeps its line true)
+    "cost": ("cost_budget", "cost_prices", "cost_report", "cost_set_price", "usage_meter"),
+    "notify": ("webhook_add", "webhook_base_url", "webhook_deliveries", "webhook_list", "webhook_remove", "webhook_test"),
+    "secrets": ("secrets_off", "secrets_set_command", "secrets_show", "secrets_test"),
+    "gc": ("gc",),
+    "bundle": ("bundle_key", "export_session", "import_bundle"),
     "review": ("KINDS", "reconcile", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "git_summary", "log", "resolve_sid", "syscalls", "traced", "unified"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

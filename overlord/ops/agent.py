@@ -88,7 +88,7 @@ def _key_for(provider, base_url, owner=None):
     is one the account chose, and would read the key off a listener of its own; refused here,
     before any connection. owner None (the CLI, the launch token) is as it always was."""
     key, source = key_store.resolve(provider, owner)
-    if owner is not None and key and source in ("env", "store"):
+    if owner is not None and key and source in ("env", "store", "vault"):
         own = providers.default_base_url(provider)
         if base_url and (not own or base_url.rstrip("/") != own.rstrip("/")):
             url = "".join(c if c.isprintable() else "?" for c in base_url)[:300]

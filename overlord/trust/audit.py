@@ -53,6 +53,12 @@ ACTIONS = (
     "auth.login", "auth.login_failed", "auth.lockout", "auth.logout",
     "user.add", "user.remove", "user.role", "user.passwd", "user.token_mint", "user.token_revoke",
     "sso.config", "sso.provision", "sso.refused",
+    # running it for real (issue 16): cost.py, notify.py, vault.py, retention.py, bundle.py
+    "budget.stop", "cost.price", "cost.budget",
+    "webhook.add", "webhook.remove", "webhook.base_url", "webhook.test",
+    "secret.config", "secret.resolve",
+    "gc.run",
+    "bundle.export", "bundle.import", "bundle.key",
 )
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 
@@ -408,6 +414,11 @@ def _after_append(entry):
         from overlord.trust import witness
         witness.auto_send()
     except Exception:       # noqa: BLE001 - the act already happened; the witness is best-effort
+        pass
+    try:
+        from overlord.trust import notify
+        notify.after_append(entry)
+    except Exception:       # noqa: BLE001 - a webhook never fails the act it tells of
         pass
 
 
