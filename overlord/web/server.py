@@ -38,7 +38,7 @@ from overlord.ops import execute
 from overlord.ops import launcher
 from overlord.ops import auth
 from overlord.ops import audit
-from overlord.web import accounts, api, pages, security, transport
+from overlord.web import accounts, api, pages, running, security, transport
 from overlord.web import roles as R
 from overlord.web import settings as S
 from overlord.web.chats import Chats
@@ -51,6 +51,7 @@ S_ID = object()               # a route segment that is a session id
 NAME = object()               # a route segment that is a skill name
 USER = object()               # a route segment that is an account name
 TOKEN_ID = object()           # a route segment that is a script token's id
+HOOK = object()               # a route segment that is a webhook's name
 SKILL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 USER_NAME = re.compile(r"^[a-z0-9][a-z0-9_.@+'=!#$%&*?^`{|}~-]{0,253}$")
 TOKEN_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -58,7 +59,9 @@ SEGMENTS = {S_ID: (SID, "not a session id: {!r} (expected YYYYMMDD-HHMMSS-xxxxxx
             NAME: (SKILL_NAME, "not a skill name: {!r} (lower-case letters, digits and dashes, "
                                "at most 64)"),
             USER: (USER_NAME, "not an account name: {!r}"),
-            TOKEN_ID: (TOKEN_NAME, "not a token id: {!r}")}
+            TOKEN_ID: (TOKEN_NAME, "not a token id: {!r}"),
+            HOOK: (running.HOOK_NAME, "not a webhook name: {!r} (letters, digits, '.', '_' and "
+                                      "'-', at most 64)")}
 
 # (method, path pattern) -> (what answers, who may call it: overlord/web/roles.py). The one
 # table: ROUTES and RULES are its two columns; a route without a rule cannot be added.
@@ -112,6 +115,15 @@ TABLE = (
     (("GET", ("api", "me", "tokens")), accounts.my_tokens, R.ACCOUNT),
     (("POST", ("api", "me", "tokens")), accounts.my_token_mint, R.PERSON),
     (("DELETE", ("api", "me", "tokens", TOKEN_ID)), accounts.my_token_revoke, R.ACCOUNT),
+    # running it for real (overlord/web/running.py): the meter, notifications, export
+    (("GET", ("api", "usage")), running.usage, R.ANY),
+    (("GET", ("api", "session", S_ID, "export")), running.export, R.SEE),
+    (("GET", ("api", "webhooks")), running.webhooks, R.ADMIN),
+    (("POST", ("api", "webhooks")), running.webhook_add, R.ADMIN),
+    (("PUT", ("api", "webhooks", "base-url")), running.webhook_base_url, R.ADMIN),
+    (("GET", ("api", "webhooks", "deliveries")), running.webhook_deliveries, R.ADMIN),
+    (("DELETE", ("api", "webhooks", HOOK)), running.webhook_remove, R.ADMIN),
+    (("POST", ("api", "webhooks", HOOK, "test")), running.webhook_test, R.ADMIN),
 )
 ROUTES = {key: handler for key, handler, _ in TABLE}
 RULES = {key: rule for key, _, rule in TABLE}
@@ -359,7 +371,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     # did not complete (the refusal is on the audit chain), not a JSON body
                     return self.signin_page(exc.http_status, {"error": "sso"})
                 raise
-        if isinstance(answer, (Reply, Redirect, Page)):
+        if isinstance(answer, (Reply, Redirect, Page, running.Download)):
             return answer
         return 200, answer
 
@@ -573,6 +585,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def respond(self, answer):
         if isinstance(answer, Stream):
             return self.send_stream(answer)
+        if isinstance(answer, running.Download):
+            return self.send_download(answer)
         if isinstance(answer, Redirect):
             self.start(303, [("Location", answer.location)] +
                        [("Set-Cookie", c) for c in answer.cookies])
@@ -637,6 +651,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self._headers_buffer.append(data)
         self.flush_headers()
+
+    def send_download(self, download):
+        """A file as an attachment: its length first, then its bytes in chunks (a bundle need
+        not fit in memory). A client gone half-way closes the connection, nothing more."""
+        try:
+            self.start(200, [("Content-Disposition", f'attachment; filename="{download.filename}"')])
+            self.send_header("Content-Type", download.type)
+            self.send_header("Content-Length", str(download.size))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            for chunk in download.chunks():
+                self.wfile.write(chunk)
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+        finally:
+            download.close()
 
     def send_stream(self, stream):
         """Server-sent events until the page goes away (or the server stops). The first event

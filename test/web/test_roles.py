@@ -21,6 +21,7 @@ from overlord.web import server
 
 OK, OK404 = "ok", "ok404"
 SID_SEG, NAME_SEG, USER_SEG, TOKEN_SEG = server.S_ID, server.NAME, server.USER, server.TOKEN_ID
+HOOK_SEG = server.HOOK
 PRINCIPALS = ("anonymous", "launch", "viewer", "other", "owner", "admin")
 
 A = (401, 401, OK, OK, OK, OK)                 # any signed-in principal
@@ -87,6 +88,14 @@ EXPECTED = {
     ("GET", ("api", "me", "tokens")): (ACCOUNT, "", None),
     ("POST", ("api", "me", "tokens")): (PERSON_BY_TOKEN, "", {"label": "walk"}),
     ("DELETE", ("api", "me", "tokens", TOKEN_SEG)): (ACCOUNT404, "", None),
+    ("GET", ("api", "usage")): (A, "", None),
+    ("GET", ("api", "session", SID_SEG, "export")): (SEE, "", None),
+    ("GET", ("api", "webhooks")): (ADMIN, "", None),
+    ("POST", ("api", "webhooks")): (ADMIN, "", {}),
+    ("PUT", ("api", "webhooks", "base-url")): (ADMIN, "", {}),
+    ("GET", ("api", "webhooks", "deliveries")): (ADMIN, "", None),
+    ("DELETE", ("api", "webhooks", HOOK_SEG)): (ADMIN404, "", None),
+    ("POST", ("api", "webhooks", HOOK_SEG, "test")): (ADMIN404, "", {}),
 }
 
 
@@ -123,7 +132,8 @@ def concrete(pattern, sid, query, target):
     segs = []
     for seg in pattern:
         segs.append(sid if seg is SID_SEG else "demo-skill" if seg is NAME_SEG else
-                    "tmpuser" if seg is USER_SEG else "000000000000" if seg is TOKEN_SEG else seg)
+                    "tmpuser" if seg is USER_SEG else "000000000000" if seg is TOKEN_SEG else
+                    "walk-hook" if seg is HOOK_SEG else seg)
     return "/" + "/".join(segs) + query.format(target=target)
 
 

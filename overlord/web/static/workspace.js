@@ -16,6 +16,7 @@
     cancelled: "Stopped. Send a message to continue where it left off",
     limit: "The session crossed its disk grant and can run nothing more",
     error: "The run failed",
+    budget: "Stopped at a budget line: the work so far stays in the session for review",
   };
   const DENIAL_WORDS = {seccomp: "seccomp filter", readonly: "read-only system", outside: "outside the jail",
                         network: "no network", limit: "resource limit", disk: "disk grant", other: "sandbox"};
@@ -152,6 +153,7 @@
         case "rewind": this.note(`Rewound to savepoint @${r.to}: what came after was undone.`); break;
         case "fork": this.note(`Forked from ${r.from} at savepoint @${r.savepoint}.`); break;
         case "done": this.done(r); break;
+        case "budget": this.budget(r); break;
         case "connectors": this.connectors(r); break;
         case "approval_requested": this.approval(r, false); break;
         case "approval": this.resolved(r); break;
@@ -364,11 +366,27 @@
         return;
       }
       let text = DONE_WORDS[r.reason] || r.reason;
-      if (r.reason === "end_turn" && r.usage) {
+      if (r.reason === "budget" && !this.budgetShown && r.message) this.budget({message: r.message});
+      if (r.reason === "end_turn" && r.usage && !r.cost) {
         const tokens = (r.usage.input_tokens || 0) + (r.usage.output_tokens || 0);
         text += ` \u00b7 ${r.turns} turn${r.turns === 1 ? "" : "s"}${tokens ? ` \u00b7 ${tokens.toLocaleString()} tokens` : ""}`;
+      } else if (r.reason === "end_turn" && r.turns) {
+        text += ` \u00b7 ${r.turns} turn${r.turns === 1 ? "" : "s"}`;
       }
+      if (r.cost) text += ` \u00b7 session so far: ${RUNNING.costText(r.cost)}`;
+      this.budgetShown = false;
       this.note(text, "done");
+    }
+
+    /* a budget line reached before a model call: the run stops there, and says which line */
+    budget(r) {
+      const what = r.message || (r.key ? `the ${r.key} budget${r.source ? ` (${r.source})` : ""} is reached` : "a budget line is reached");
+      this.budgetShown = true;
+      const line = this.note(`Stopped: ${what}.`.replace(/\.\.$/, "."), "budget-stop");
+      line.setAttribute("role", "status");
+      line.dataset.key = r.key || "";
+      line.title = "overlord cost budget shows the lines; raise one to let the agent go on";
+      return line;
     }
   }
 
@@ -450,6 +468,7 @@
     });
     on("record", (r) => {
       view.record(r);
+      if (r.type === "done") RUNNING.refresh();
       if (r.type === "connectors" && state.chat) header(state.chat);
       if (r.type === "tool_result" && r.paths && r.paths.length) laterInspector(200);
     });
@@ -459,7 +478,7 @@
     on("restart", () => view.restart());
     on("state", (s) => {
       setRunning(s.running);
-      if (!s.running) { laterInspector(0); laterList(); }
+      if (!s.running) { laterInspector(0); laterList(); RUNNING.refresh(); }
     });
   }
 
@@ -633,6 +652,7 @@
       for (const id of ["steps-section", "gate-section", "countersign-section"]) $(id).hidden = true;
       $("decide").hidden = true;
       $("session-state").hidden = true;
+      RUNNING.inspector(null);
       setCount(0);
       return;
     }
@@ -644,6 +664,7 @@
     }
     if (sid !== state.sid || seq !== inspectorSeq) return;     // a later refresh is under way
     state.session = d;
+    RUNNING.inspector(d);
     const files = clear($("file-list")), diffs = clear($("diffs")), steps = clear($("steps"));
     const changes = d.changes;
     setCount(changes.length);
@@ -900,6 +921,7 @@
     fillMemory();
     fillSkills();
     ACCOUNTS.fillSettings();
+    RUNNING.fillNotifications();
     if (!dialog.open) dialog.showModal();
     loadModels();
     loadCsModels();
@@ -1370,7 +1392,7 @@
     if (SID_RE.test(sid) && sid !== state.sid) select(sid);
   });
 
-  ACCOUNTS.load().then(() => { ACCOUNTS.rail(); return loadSettings(); }).then(() => {
+  ACCOUNTS.load().then(() => { ACCOUNTS.rail(); RUNNING.start(); return loadSettings(); }).then(() => {
     const sid = location.hash.slice(1);
     select(SID_RE.test(sid) ? sid : null);
     loadChats();

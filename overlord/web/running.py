@@ -1,0 +1,218 @@
+"""Running it for real, in the browser: the usage meter, Settings -> Notifications and a
+session's export.
+
+    GET    /api/usage                     ops.usage_meter(owner): the rail's meter (any principal)
+    GET    /api/webhooks                  the hooks (never a secret), the base URL, the acts
+    POST   /api/webhooks                  add one: {name, url, format, on, secret, allow_private}
+    DELETE /api/webhooks/<name>           remove it
+    POST   /api/webhooks/<name>/test      one delivery now; its outcome
+    PUT    /api/webhooks/base-url         {url}: the link Slack messages carry (null: none)
+    GET    /api/webhooks/deliveries       the newest outcomes of the delivery log
+    GET    /api/session/<sid>/export      the session as a signed .ovl, a download
+
+The webhook routes are for administrators (roles.ADMIN, server.TABLE says so), the export for
+whoever may see the session (roles.SEE). Every function calls overlord.ops; what comes back
+of a hook is rebuilt here field by field, so a secret never reaches a page even if a lower
+layer sent one up (a stored value other than a secret:// reference shows as "set").
+"""
+import os
+import re
+import shutil
+import tempfile
+import urllib.parse
+
+from overlord import ops
+from overlord.errors import OverlordError, UsageError
+from overlord.web import roles as R
+from overlord.web import settings as S
+
+HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")   # a path segment naming a hook
+FORMATS = ("slack", "json")
+DEFAULT_ON = ("session.needs_review", "connector.approval_requested")
+EVERY = "*"
+DELIVERIES_SHOWN = 50
+CHUNK = 1 << 16
+
+
+# -- the usage meter -----------------------------------------------------------------------------
+
+def usage(app, req):
+    """The provider's own rate-limit readings and the ledger's spend against the day and month
+    lines of the principal (an account's lines are its own; the launch token's the machine's)."""
+    return ops.usage_meter(R.owner_name(req.principal))
+
+
+# -- Settings -> Notifications ---------------------------------------------------------------------
+
+def webhooks(app, req):
+    """{base_url, hooks: [{name, url, host, format, on, secret, allow_private, created}],
+    actions: [every act a hook may subscribe to], formats, default_on}."""
+    return listing()
+
+
+def listing():
+    listed = ops.webhook_list()
+    if not isinstance(listed, dict):
+        listed = {"hooks": listed}
+    hooks = listed.get("hooks") or {}
+    if isinstance(hooks, dict):
+        hooks = [dict(h, name=name) for name, h in hooks.items()]
+    return {"base_url": listed.get("base_url"),
+            "hooks": sorted((hook_row(h) for h in hooks if isinstance(h, dict)), key=lambda h: h["name"]),
+            "actions": audit_actions(listed),
+            "formats": list(FORMATS), "default_on": list(DEFAULT_ON)}
+
+
+def hook_row(hook):
+    url = hook.get("url") or ""
+    return {"name": hook.get("name"), "url": url, "host": urllib.parse.urlsplit(url).hostname or "",
+            "format": hook.get("format"), "on": list(hook.get("on") or ()),
+            "secret": secret_shown(hook.get("secret")),
+            "allow_private": bool(hook.get("allow_private")), "created": hook.get("created")}
+
+
+def secret_shown(value):
+    """None (no secret), a secret://NAME reference as it is (it names, it does not hold), else
+    "set": whatever else arrives, the value itself never leaves here."""
+    if not value:
+        return None
+    if isinstance(value, str) and value.startswith("secret://") and all(
+            c.isalnum() or c in "_./-" for c in value[len("secret://"):]):
+        return value
+    return "set"
+
+
+def audit_actions(listed):
+    """The acts a hook may subscribe to, as the notify layer lists them ("actions"), else the
+    audit chain's own list through the service layer."""
+    acts = listed.get("actions")
+    if not acts:
+        from overlord.ops import audit as audit_ops
+        acts = getattr(audit_ops, "ACTIONS", None) or getattr(getattr(audit_ops, "audit", None), "ACTIONS", ())
+    return sorted(a for a in acts if isinstance(a, str))
+
+
+def webhook_add(app, req):
+    body = req.body
+    if not isinstance(body, dict):
+        raise S.Invalid("w-name", "send the hook as a JSON object: {name, url, format, on, secret, allow_private}")
+    unknown = sorted(set(body) - {"name", "url", "format", "on", "secret", "allow_private"})
+    if unknown:
+        raise S.Invalid("w-name", f"unknown webhook setting {unknown[0]!r}")
+    name = body.get("name")
+    if not isinstance(name, str) or not HOOK_NAME.match(name):
+        raise S.Invalid("w-name", "a hook's name is letters, digits, '.', '_' or '-' (at most 64, "
+                                  "starting with a letter or digit)")
+    url = body.get("url")
+    if not isinstance(url, str) or not url.strip() or len(url) > 2000 or any(c in url for c in "\r\n\0 "):
+        raise S.Invalid("w-url", "the URL is one http:// or https:// address")
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise S.Invalid("w-url", "the URL must be http:// or https:// with a host")
+    fmt = body.get("format", "slack")
+    if fmt not in FORMATS:
+        raise S.Invalid("w-format", f"the format is one of {', '.join(FORMATS)}")
+    on = body.get("on") or []
+    if isinstance(on, str):
+        on = [on]
+    if not isinstance(on, list) or len(on) > 200 or not all(isinstance(a, str) and a for a in on):
+        raise S.Invalid("w-on", "the acts to notify of are a list of audit action names")
+    known = set(audit_actions({}) or ()) | {EVERY}
+    bad = [a for a in on if known - {EVERY} and a not in known]
+    if bad:
+        raise S.Invalid("w-on", f"not an audit action: {bad[0][:60]!r}")
+    secret = body.get("secret")
+    if secret in ("", None):
+        secret = None
+    elif not isinstance(secret, str) or len(secret) > 4096 or any(c in secret for c in "\r\n\0"):
+        raise S.Invalid("w-secret", "the secret is one line of text (or secret://NAME)")
+    allow = body.get("allow_private", False)
+    if not isinstance(allow, bool):
+        raise S.Invalid("w-private", "allow_private is true or false")
+    ops.webhook_add(name, url.strip(), fmt=fmt, on=tuple(on), secret=secret, allow_private=allow)
+    return listing()
+
+
+def webhook_remove(app, req, name):
+    ops.webhook_remove(name)
+    return listing()
+
+
+def webhook_test(app, req, name):
+    """One delivery now, synchronously: its outcome (status, error, how long), never the
+    secret the request was signed with."""
+    outcome = ops.webhook_test(name)
+    if isinstance(outcome, dict):
+        outcome = {k: v for k, v in outcome.items() if k not in ("secret", "signature", "headers")}
+    return {"name": name, "outcome": outcome}
+
+
+def webhook_base_url(app, req):
+    """{url}: the address links in messages start with (?sid= opens a conversation); null or
+    "" clears it."""
+    body = req.body or {}
+    if "url" not in body:
+        raise S.Invalid("w-base-url", "send {\"url\": \"https://...\"} (or null to clear it)")
+    url = body["url"]
+    if url in (None, ""):
+        url = None
+    elif not isinstance(url, str) or len(url) > 2000 or any(c in url for c in "\r\n\0 "):
+        raise S.Invalid("w-base-url", "the base URL is one http:// or https:// address")
+    else:
+        parts = urllib.parse.urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise S.Invalid("w-base-url", "the base URL must be http:// or https:// with a host")
+        url = url.strip()
+    ops.webhook_base_url(url)
+    return listing()
+
+
+def webhook_deliveries(app, req):
+    raw = req.query.get("limit", "")
+    if raw and (not raw.isdigit() or not 0 < int(raw) <= 500):
+        raise UsageError("limit takes a number from 1 to 500")
+    rows = ops.webhook_deliveries(limit=int(raw) if raw else DELIVERIES_SHOWN)
+    if isinstance(rows, dict):
+        rows = rows.get("deliveries") or []
+    return {"deliveries": [{k: v for k, v in r.items() if k not in ("secret", "signature", "headers")}
+                           for r in rows if isinstance(r, dict)]}
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+class Download:
+    """A file sent as an attachment, from an open file whose name is already gone (the
+    bundle is built in a private folder, opened, unlinked; the answer reads it and closes it)."""
+
+    def __init__(self, f, filename, ctype="application/octet-stream"):
+        self.file, self.filename, self.type = f, filename, ctype
+        self.size = os.fstat(f.fileno()).st_size
+
+    def chunks(self):
+        try:
+            while True:
+                data = self.file.read(CHUNK)
+                if not data:
+                    return
+                yield data
+        finally:
+            self.file.close()
+
+    def close(self):
+        self.file.close()
+
+
+def export(app, req, sid):
+    """The session as a .ovl (`overlord export SID -o FILE`), built in a private folder under
+    OVERLORD_HOME and streamed: nothing of it stays on disk once the answer is sent."""
+    if app.chats.running(sid):
+        raise OverlordError("cannot export while the agent is working in this session: press "
+                            "Stop first (or wait for it to finish)")
+    where = tempfile.mkdtemp(prefix=".export-", dir=ops.ensure_home())
+    try:
+        out = os.path.join(where, f"{sid}.ovl")
+        ops.export_session(sid, out)
+        f = open(out, "rb")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    return Download(f, f"{sid}.ovl")
