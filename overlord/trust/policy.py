@@ -41,7 +41,7 @@ class Bad(Exception):
     key's name (" must be ...", ".secrets must be ...", ": unknown check ...")."""
 
 
-# -- the key table: one line per key (later issues add budget here) ---------------------
+# -- the key table: one line per key ----------------------------------------------------
 
 def _bool(value):
     if not isinstance(value, bool):
@@ -114,6 +114,24 @@ def _names(what):
 
 _servers = _names("connector")
 
+BUDGET_LINES = ("session_tokens", "session_usd", "day_usd", "month_usd")   # trust/cost.LINES
+
+
+def _budget(value):
+    """Budget lines (trust/cost.py): session_tokens a whole number >= 0, the *_usd a finite
+    number of USD >= 0."""
+    if not isinstance(value, dict):
+        raise Bad(f" must be an object of {', '.join(BUDGET_LINES)}, not {_shown(value)}")
+    for name, v in value.items():
+        if name not in BUDGET_LINES:
+            raise Bad(f": unknown budget line {_shown(name)} (known: {', '.join(BUDGET_LINES)})")
+        if name == "session_tokens":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise Bad(f".{name} must be a whole number of tokens >= 0, not {_shown(v)}")
+        elif not _number(v) or v < 0:
+            raise Bad(f".{name} must be a finite number of USD >= 0, not {_shown(v)}")
+    return dict(value)
+
 
 @dataclasses.dataclass(frozen=True)
 class Key:
@@ -135,6 +153,7 @@ KEYS = {
     "connector_shell": Key(_bool, False),       # shell-shaped connector tools may be granted
     "distrust_hints": Key(_servers, []),        # servers whose readOnlyHint is not believed
     "skills": Key(_names("skill"), "*"),        # the machine skills a session is offered
+    "budget": Key(_budget, {}, merged=True),    # spending lines (trust/cost.py); {} when none
 }
 
 

@@ -1,0 +1,901 @@
+"""What the models cost: prices, the ledger, running totals and budget lines (docs/COST.md).
+
+One writer of three records under OVERLORD_HOME:
+
+    ledger.jsonl          one JSON line per model call (turn, compaction, review), appended
+                          whole and fsynced, mode 0600: the record of truth
+    spend.json            a cache of running totals {"offset": ledger bytes covered,
+                          "day": {"YYYY-MM-DD": {scope: usd}}, "month": {"YYYY-MM": {scope: usd}}}
+                          (UTC; scopes "*" the machine, "account:<name>", "target:<sha256[:32]>")
+    sessions/<sid>/cost.json
+                          a session's running total {"offset", "calls", "input_tokens",
+                          "output_tokens", "cache_read_tokens", "cache_write_tokens", "tokens",
+                          "usd", "unpriced": [models]}
+    cost.json             prices and budget lines (0600): {"prices": {model: {input, output,
+                          cache_read, cache_write}}, "budget": {LINES}, "accounts": {name: {LINES}}}
+
+Charging holds an flock on OVERLORD_HOME/ledger.lock: append the line (fsync), then fold every
+ledger line between spend.json's offset and the new end into the session files (first) and
+spend.json (last), each written by atomic rename. Normally that is the one line just written;
+after a crash between the append and the folds, the lines missed too. A session file counts
+every line of its session that starts before its own offset, so a line is never counted twice.
+A spend.json or session file that cannot be parsed (or claims more of the ledger than there is)
+is rebuilt from the ledger, not trusted; a damaged ledger line is skipped in totals and reports.
+
+Checking a budget is O(1) in the ledger's size: spend.json + the session's file + a stat of the
+ledger (under a shared flock, so a half-done fold is never seen); lines past spend.json's offset
+(a writer that crashed before its fold) are folded in memory.
+
+Tokens: the ledger's input_tokens is the prompt's uncached part. Anthropic reports it so;
+OpenAI (chat and responses, Azure, OpenAI-compatible servers) and Gemini count cached tokens
+inside their prompt figure, so for those providers cache_read_tokens is subtracted once here
+(INPUT_INCLUDES_CACHE) -- never priced twice. A usage dict may say so itself with
+"cache_included": true/false. A session's "tokens" = input + output + cache_read + cache_write.
+
+Prices are USD per million tokens. A model matches its own entry, else the longest listed
+prefix (dated ids match their family). Cache reads and writes are priced by their own rates; a
+component with tokens but no rate leaves the call priced in part: "usd" is what could be priced
+(a lower bound, so a dollar budget still counts it), "priced" false and "unpriced_parts" names
+the components. A model with no price at all: "usd" null, "priced" false. Either way the
+session's "unpriced" lists the model, and tokens are always counted.
+"""
+import dataclasses
+import datetime
+import fcntl
+import hashlib
+import json
+import math
+import os
+import time
+
+from overlord.errors import OverlordError, UsageError
+from overlord.text import escape_path
+from overlord.txn import store
+
+LEDGER, SPEND, CONFIG, LOCK, SESSION_FILE = "ledger.jsonl", "spend.json", "cost.json", \
+    "ledger.lock", "cost.json"
+KINDS = ("turn", "compaction", "review")
+PARTS = ("input", "output", "cache_read", "cache_write")
+TOKEN_KEYS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+LINES = ("session_tokens", "session_usd", "day_usd", "month_usd")
+INPUT_INCLUDES_CACHE = ("openai", "azure", "openai-compatible", "gemini")
+KEEP_DAYS, KEEP_MONTHS = 3, 3          # spend.json keeps recent periods only (a report reads the ledger)
+
+# List prices, USD per million tokens, as the providers published them (checked 2025-11; the
+# cache_write rate is Anthropic's 5-minute cache write; OpenAI and Gemini bill no cache write and
+# report none; Gemini 2.5 Pro at its <=200k-token prompt tier). cost.json overrides any of them.
+DEFAULT_PRICES = {
+    "claude-opus-4-5": (5.00, 25.00, 0.50, 6.25),
+    "claude-opus-4-1": (15.00, 75.00, 1.50, 18.75),
+    "claude-opus-4": (15.00, 75.00, 1.50, 18.75),
+    "claude-sonnet-4-5": (3.00, 15.00, 0.30, 3.75),
+    "claude-sonnet-4": (3.00, 15.00, 0.30, 3.75),
+    "claude-3-7-sonnet": (3.00, 15.00, 0.30, 3.75),
+    "claude-haiku-4-5": (1.00, 5.00, 0.10, 1.25),
+    "claude-3-5-haiku": (0.80, 4.00, 0.08, 1.00),
+    "gpt-5": (1.25, 10.00, 0.125, 0.0),
+    "gpt-5-mini": (0.25, 2.00, 0.025, 0.0),
+    "gpt-5-nano": (0.05, 0.40, 0.005, 0.0),
+    "gpt-4.1": (2.00, 8.00, 0.50, 0.0),
+    "gpt-4.1-mini": (0.40, 1.60, 0.10, 0.0),
+    "gpt-4.1-nano": (0.10, 0.40, 0.025, 0.0),
+    "gpt-4o": (2.50, 10.00, 1.25, 0.0),
+    "gpt-4o-mini": (0.15, 0.60, 0.075, 0.0),
+    "o1": (15.00, 60.00, 7.50, 0.0),
+    "o3": (2.00, 8.00, 0.50, 0.0),
+    "o3-mini": (1.10, 4.40, 0.55, 0.0),
+    "o4-mini": (1.10, 4.40, 0.275, 0.0),
+    "gemini-2.5-pro": (1.25, 10.00, 0.31, 0.0),
+    "gemini-2.5-flash": (0.30, 2.50, 0.075, 0.0),
+    "gemini-2.5-flash-lite": (0.10, 0.40, 0.025, 0.0),
+}
+MAX_MODEL = 200
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+def _path(name):
+    return os.path.join(store.home(), name)
+
+
+def _finite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _now():
+    return time.time()
+
+
+def _iso(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def target_scope(target):
+    return "target:" + hashlib.sha256(os.fsencode(target)).hexdigest()[:32]
+
+
+def money(usd):
+    """$2.03, $0.0421: cents above a dollar, four places below."""
+    if usd is None:
+        return "unpriced"
+    return f"${usd:,.2f}" if abs(usd) >= 1 else f"${usd:.4f}"
+
+
+def _shown(value):
+    text = value if isinstance(value, str) else json.dumps(value)
+    return escape_path(text if len(text) <= 60 else text[:57] + "...")
+
+
+class _Locked:
+    """An flock on OVERLORD_HOME/ledger.lock (exclusive for writers, shared for readers)."""
+
+    def __init__(self, shared=False):
+        self.mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+
+    def __enter__(self):
+        store.ensure_home()
+        self.fd = os.open(_path(LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.fd, self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+# -- cost.json: prices and budget lines ---------------------------------------------------------
+
+def _config_error(path, what):
+    return OverlordError(f"cost {escape_path(path)}: {what}")
+
+
+def _load_config():
+    """cost.json as {"prices", "budget", "accounts"} (empty when there is none). A file that is
+    not ours, is writable by others or does not parse raises OverlordError: its lines are not
+    guessed at."""
+    from overlord.trust import audit
+    path = _path(CONFIG)
+    opened = audit.open_owned(path, os.O_RDONLY, _config_error, 0o022, "write",
+                              fix=f"chmod 600 {escape_path(path)}", root_ok=True)
+    empty = {"prices": {}, "budget": {}, "accounts": {}}
+    if opened is None:
+        return empty
+    fd, _ = opened
+    try:
+        data = b""
+        while len(data) <= 1 << 22:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _config_error(path, f"not valid JSON ({exc}); fix or remove it") from None
+    if not isinstance(doc, dict):
+        raise _config_error(path, "must be a JSON object")
+    out = {}
+    for key in empty:
+        value = doc.get(key, {})
+        if not isinstance(value, dict):
+            raise _config_error(path, f"{key} must be an object")
+        out[key] = value
+    for model, p in out["prices"].items():
+        try:
+            _check_price_entry(p)
+        except UsageError as exc:
+            raise _config_error(path, f"prices[{_shown(model)}]: {exc}") from None
+    try:
+        check_lines(out["budget"], "budget")
+        for name, lines in out["accounts"].items():
+            check_lines(lines, f"accounts[{_shown(name)}]")
+    except UsageError as exc:
+        raise _config_error(path, str(exc)) from None
+    return out
+
+
+def _save_config(doc):
+    store.ensure_home()
+    store.write_json_atomic(_path(CONFIG), doc, mode=0o600, indent=2)
+
+
+def _check_price_entry(p):
+    if not isinstance(p, dict):
+        raise UsageError("must be an object {input, output, cache_read, cache_write}")
+    for k in p:
+        if k not in PARTS:
+            raise UsageError(f"unknown price {_shown(k)} (known: {', '.join(PARTS)})")
+    for k in ("input", "output"):
+        if k not in p:
+            raise UsageError(f"needs an {k} price")
+    for k, v in p.items():
+        if v is None and k in ("cache_read", "cache_write"):
+            continue
+        if not _finite(v) or v < 0:
+            raise UsageError(f"{k} must be a finite number of USD per million tokens >= 0, "
+                             f"not {_shown(v)}")
+
+
+def check_model(model):
+    if not isinstance(model, str) or not model or len(model) > MAX_MODEL \
+            or any(c.isspace() or not c.isprintable() for c in model):
+        raise UsageError(f"not a model id: {_shown(model)} (printable, no spaces, up to "
+                         f"{MAX_MODEL} characters)")
+    return model
+
+
+def check_lines(lines, where="budget"):
+    """Budget lines {key: value}: session_tokens a whole number >= 0, the *_usd finite >= 0;
+    an unknown key refused. Returns a copy."""
+    if not isinstance(lines, dict):
+        raise UsageError(f"{where} must be an object of {', '.join(LINES)}")
+    out = {}
+    for key, value in lines.items():
+        if key not in LINES:
+            raise UsageError(f"{where}: unknown budget line {_shown(key)} (known: {', '.join(LINES)})")
+        if key == "session_tokens":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UsageError(f"{where}.{key} must be a whole number of tokens >= 0, not "
+                                 f"{_shown(value)}")
+        elif not _finite(value) or value < 0:
+            raise UsageError(f"{where}.{key} must be a finite number of USD >= 0, not {_shown(value)}")
+        out[key] = value
+    return out
+
+
+def _entry(values):
+    return dict(zip(PARTS, values))
+
+
+def prices():
+    """{model: {input, output, cache_read, cache_write, "source": "default"|"cost.json"}}."""
+    out = {m: dict(_entry(v), source="default") for m, v in DEFAULT_PRICES.items()}
+    for model, p in _load_config()["prices"].items():
+        out[model] = dict({k: p.get(k) for k in PARTS}, source="cost.json")
+    return out
+
+
+def price(model, table=None):
+    """The price entry for model (exact id, else the longest listed prefix), with "match" (the
+    entry's name) and "source"; None when unpriced."""
+    table = prices() if table is None else table
+    if not isinstance(model, str) or not model:
+        return None
+    name = model if model in table else max((m for m in table if model.startswith(m)),
+                                             key=len, default=None)
+    if name is None:
+        return None
+    return dict(table[name], match=name)
+
+
+def set_price(model, input, output, cache_read=None, cache_write=None):
+    """Set (replace) cost.json's price for model; audited as cost.price. Returns the entry."""
+    from overlord.trust import audit
+    check_model(model)
+    entry = {"input": input, "output": output}
+    if cache_read is not None:
+        entry["cache_read"] = cache_read
+    if cache_write is not None:
+        entry["cache_write"] = cache_write
+    _check_price_entry(entry)
+    audit.ready()
+    with _Locked():
+        doc = _load_config()
+        doc["prices"][model] = entry
+        _save_config(doc)
+    audit.append("cost.price", model=model, **entry)
+    return dict(entry)
+
+
+def _scope_doc(doc, scope):
+    if scope == "config":
+        return doc["budget"]
+    if isinstance(scope, str) and scope.startswith("account:") and len(scope) > 8:
+        return doc["accounts"].setdefault(scope[8:], {})
+    raise UsageError(f"not a budget scope: {_shown(scope)} (config or account:NAME)")
+
+
+def budget(scope="config"):
+    """The lines set for a scope ("config" or "account:NAME")."""
+    doc = _load_config()
+    return dict(_scope_doc(doc, scope))
+
+
+def set_budget(scope="config", clear=(), **lines):
+    """Set lines for a scope: a value replaces the line (0 is a line of zero: nothing may be
+    spent), None leaves it, a key in `clear` removes it. Audited as cost.budget. Returns the
+    scope's lines after."""
+    from overlord.trust import audit
+    given = {k: v for k, v in lines.items() if v is not None}
+    check_lines(given, "budget")
+    for key in clear:
+        if key not in LINES:
+            raise UsageError(f"unknown budget line {_shown(key)} (known: {', '.join(LINES)})")
+    both = sorted(set(given) & set(clear))
+    if both:
+        raise UsageError(f"{both[0]} is both set and cleared")
+    _scope_doc({"budget": {}, "accounts": {}}, scope)           # a bad scope, before anything
+    audit.ready()
+    with _Locked():
+        doc = _load_config()
+        mine = _scope_doc(doc, scope)
+        mine.update(given)
+        for key in clear:
+            mine.pop(key, None)
+        if scope != "config" and not mine:
+            doc["accounts"].pop(scope[8:], None)
+        after = dict(mine)
+        _save_config(doc)
+    audit.append("cost.budget", scope=scope, set=given, cleared=sorted(clear))
+    return after
+
+
+# -- pricing one call ---------------------------------------------------------------------------
+
+def _count(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+        return 0
+    return max(0, int(value))
+
+
+def normalize(provider, usage):
+    """The four token counts of a normalized provider usage dict (providers/common.usage), the
+    prompt's cached part taken out of input_tokens for the providers that count it inside."""
+    usage = usage if isinstance(usage, dict) else {}
+    out = {k: _count(usage.get(k)) for k in TOKEN_KEYS}
+    included = usage.get("cache_included")
+    if not isinstance(included, bool):
+        included = provider in INPUT_INCLUDES_CACHE
+    if included:
+        out["input_tokens"] = max(0, out["input_tokens"] - out["cache_read_tokens"]
+                                  - out["cache_write_tokens"])
+    return out
+
+
+def priced(model, counts, table=None):
+    """(usd or None, priced: bool, unpriced_parts: [part])."""
+    p = price(model, table)
+    if p is None:
+        return None, False, [k for k in PARTS if counts[f"{k}_tokens"]] or list(PARTS)
+    usd, missing = 0.0, []
+    for part in PARTS:
+        n = counts[f"{part}_tokens"]
+        if not n:
+            continue
+        rate = p.get(part)
+        if rate is None:
+            missing.append(part)
+            continue
+        usd += n * rate / 1e6
+    return round(usd, 10), not missing, missing
+
+
+def line_for(sid, target, owner, kind, provider, model, usage, ts=None, table=None):
+    """The ledger line one call writes (not written)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown ledger kind {kind!r} (one of {', '.join(KINDS)})")
+    counts = normalize(provider, usage)
+    usd, ok, missing = priced(model, counts, table)
+    line = {"ts": _iso(_now() if ts is None else ts), "sid": sid, "account": owner,
+            "kind": kind, "provider": provider, "model": model, **counts,
+            "usd": usd, "priced": ok, "target": os.fspath(target) if target is not None else None}
+    if missing and usd is not None:
+        line["unpriced_parts"] = missing
+    return line
+
+
+# -- totals -------------------------------------------------------------------------------------
+
+def _zero():
+    return {"offset": 0, "calls": 0, "input_tokens": 0, "output_tokens": 0,
+            "cache_read_tokens": 0, "cache_write_tokens": 0, "tokens": 0, "usd": 0.0,
+            "unpriced": []}
+
+
+def _add_session(tot, line):
+    tot["calls"] += 1
+    n = 0
+    for k in TOKEN_KEYS:
+        v = _count(line.get(k))
+        tot[k] += v
+        n += v
+    tot["tokens"] += n
+    if _finite(line.get("usd")):
+        tot["usd"] = round(tot["usd"] + line["usd"], 10)
+    if not line.get("priced") and isinstance(line.get("model"), str) \
+            and line["model"] not in tot["unpriced"]:
+        tot["unpriced"] = sorted(tot["unpriced"] + [line["model"]])
+
+
+def _scopes(line):
+    out = ["*"]
+    if isinstance(line.get("account"), str) and line["account"]:
+        out.append("account:" + line["account"])
+    if isinstance(line.get("target"), str) and line["target"]:
+        out.append(target_scope(line["target"]))
+    return out
+
+
+def _period(line):
+    ts = line.get("ts")
+    if not isinstance(ts, str) or len(ts) < 10:
+        return None, None
+    return ts[:10], ts[:7]
+
+
+def _add_spend(spend, line):
+    usd = line.get("usd")
+    if not _finite(usd) or not usd:
+        return
+    day, month = _period(line)
+    if day is None:
+        return
+    for scope in _scopes(line):
+        for table, key in ((spend["day"], day), (spend["month"], month)):
+            per = table.setdefault(key, {})
+            per[scope] = round(per.get(scope, 0.0) + usd, 10)
+
+
+def _trim(spend, now=None):
+    today = datetime.datetime.fromtimestamp(_now() if now is None else now, datetime.timezone.utc)
+    days = {(today - datetime.timedelta(days=i)).strftime("%Y-%m-%d") for i in range(KEEP_DAYS)}
+    months, y, m = set(), today.year, today.month
+    for _ in range(KEEP_MONTHS):
+        months.add(f"{y:04d}-{m:02d}")
+        y, m = (y, m - 1) if m > 1 else (y - 1, 12)
+    spend["day"] = {k: v for k, v in spend["day"].items() if k in days}
+    spend["month"] = {k: v for k, v in spend["month"].items() if k in months}
+
+
+def _valid_spend(doc):
+    return isinstance(doc, dict) and isinstance(doc.get("offset"), int) and doc["offset"] >= 0 \
+        and all(isinstance(doc.get(p), dict) and all(isinstance(v, dict) for v in doc[p].values())
+                for p in ("day", "month"))
+
+
+def _valid_session(doc):
+    if not isinstance(doc, dict) or not isinstance(doc.get("offset"), int) or doc["offset"] < 0:
+        return False
+    if not all(isinstance(doc.get(k), int) and not isinstance(doc.get(k), bool)
+               for k in ("calls", "tokens") + TOKEN_KEYS):
+        return False
+    return _finite(doc.get("usd")) and isinstance(doc.get("unpriced"), list)
+
+
+def _read_json(path):
+    """(doc, state): state "ok", "missing" or "damaged"."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8")), "ok"
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None, "damaged"
+
+
+def _ledger_fd():
+    try:
+        return os.open(_path(LEDGER), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+
+
+def _boundary_ok(fd, offset, size):
+    """offset is within the ledger and at a line's start."""
+    if offset > size:
+        return False
+    return offset == 0 or os.pread(fd, 1, offset - 1) == b"\n"
+
+
+def _lines(fd, start, end):
+    """[(offset, line dict)] of the whole lines in [start, end); damaged lines skipped. Returns
+    (lines, the offset after the last whole line)."""
+    out, pos = [], start
+    chunk = 1 << 20
+    rest = b""
+    while pos < end:
+        data = os.pread(fd, min(chunk, end - pos), pos)
+        if not data:
+            break
+        buf = rest + data
+        base = pos - len(rest)
+        pos += len(data)
+        at = 0
+        while True:
+            nl = buf.find(b"\n", at)
+            if nl < 0:
+                break
+            raw = buf[at:nl]
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                rec = None
+            if isinstance(rec, dict):
+                out.append((base + at, rec))
+            at = nl + 1
+        rest = buf[at:]
+    return out, pos - len(rest)
+
+
+def _write_cache(path, doc):
+    """A rebuildable cache by temp file + atomic rename, mode 0600, no fsync (the ledger it
+    is folded from is the durable record)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        store.write_all(fd, (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode())
+    finally:
+        os.close(fd)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _session_path(sid):
+    return os.path.join(store.session_dir(sid), SESSION_FILE)
+
+
+def _rebuild_session(fd, sid, end):
+    tot = _zero()
+    if fd is not None:
+        for _, line in _lines(fd, 0, end)[0]:
+            if line.get("sid") == sid:
+                _add_session(tot, line)
+    tot["offset"] = end
+    return tot
+
+
+def _load_session(fd, sid, size):
+    """A session's cost doc as recorded (zeros when none), rebuilt from the ledger when damaged
+    or when it claims past the ledger's end. (doc, rebuilt: bool)."""
+    doc, state = _read_json(_session_path(sid))
+    if state == "missing":
+        return _zero(), False
+    if state == "ok" and _valid_session(doc) and (fd is None and doc["offset"] == 0 or
+                                                  fd is not None and _boundary_ok(fd, doc["offset"], size)):
+        return doc, False
+    return _rebuild_session(fd, sid, size), True
+
+
+def _load_spend(fd, size):
+    """spend.json as recorded, or the empty cache at offset 0 when missing, damaged or past the
+    ledger's end (the fold then rebuilds it from the whole ledger)."""
+    doc, state = _read_json(_path(SPEND))
+    if state == "ok" and _valid_spend(doc) and (fd is None and doc["offset"] == 0 or
+                                                fd is not None and _boundary_ok(fd, doc["offset"], size)):
+        return doc
+    return {"offset": 0, "day": {}, "month": {}}
+
+
+def _fold(spend, sessions, fd, end, load_session):
+    """Fold the ledger lines from spend's offset to end into spend and the session docs
+    (sessions: sid -> doc, loaded through load_session(sid) on first sight). Returns the
+    offset folded to."""
+    lines, upto = _lines(fd, spend["offset"], end) if fd is not None else ([], spend["offset"])
+    for at, line in lines:
+        _add_spend(spend, line)
+        sid = line.get("sid")
+        if isinstance(sid, str) and store.SID_RE.match(sid):
+            if sid not in sessions:
+                sessions[sid] = load_session(sid)
+            doc = sessions[sid]
+            if doc is not None and at >= doc["offset"]:
+                _add_session(doc, line)
+    spend["offset"] = upto
+    return upto
+
+
+def _append(fd_w, line):
+    """Append one whole line (terminating a torn last line first), fsynced."""
+    data = (json.dumps(line, sort_keys=True) + "\n").encode()
+    size = os.fstat(fd_w).st_size
+    if size and os.pread(fd_w, 1, size - 1) != b"\n":
+        data = b"\n" + data                     # a crash's fragment stays one damaged line
+    store.write_all(fd_w, data)
+    os.fsync(fd_w)
+
+
+def record(line):
+    """Append a ledger line and fold the totals (see the module docstring). Returns the line."""
+    store.ensure_home()
+    with _Locked():
+        path = _path(LEDGER)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            before = os.fstat(fd).st_size
+            spend = _load_spend(fd, before)
+            _append(fd, line)
+            end = os.fstat(fd).st_size
+            sessions = {}
+
+            def load(sid):
+                if not os.path.isdir(store.session_dir(sid)):
+                    return None                 # no record to keep a total on
+                return _load_session(fd, sid, before)[0]
+            _fold(spend, sessions, fd, end, load)
+        finally:
+            os.close(fd)
+        for sid, doc in sessions.items():       # sessions first: see the module docstring
+            if doc is not None:
+                doc["offset"] = end
+                try:
+                    _write_cache(_session_path(sid), doc)
+                except FileNotFoundError:       # the session was removed meanwhile
+                    pass
+        _trim(spend)
+        _write_cache(_path(SPEND), spend)
+    return line
+
+
+def _snapshot(sid=None):
+    """(spend, session doc or None) as of now, O(1): under a shared lock, the caches plus any
+    lines past spend.json's offset folded in memory."""
+    with _Locked(shared=True):
+        fd = _ledger_fd()
+        try:
+            size = os.fstat(fd).st_size if fd is not None else 0
+            spend = _load_spend(fd, size)
+            sessions = {}
+            if sid is not None:
+                sessions[sid] = _load_session(fd, sid, size)[0]
+            if fd is not None and spend["offset"] < size:
+                _fold(spend, sessions, fd, size, lambda s: _load_session(fd, s, size)[0])
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return spend, sessions.get(sid)
+
+
+def _public(doc):
+    out = {k: v for k, v in doc.items() if k != "offset"}
+    out["usd"] = round(out["usd"], 6)
+    return out
+
+
+def session_total(sid):
+    """A session's running total (zeros when it has made no call)."""
+    store.check_sid(sid)
+    return _public(_snapshot(sid)[1])
+
+
+# -- budgets ------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Stop:
+    """A budget line reached: the call it was checked before is not made."""
+    key: str
+    limit: float
+    spent: float
+    source: str
+    scope: str
+
+    @property
+    def message(self):
+        if self.key == "session_tokens":
+            lim, spent = f"{self.limit:,} tokens", f"{self.spent:,} tokens"
+        else:
+            lim, spent = money(self.limit), money(self.spent)
+        return f"the {self.key} budget of {lim} ({self.source}) is reached: {spent} spent"
+
+    def as_dict(self):
+        return {"key": self.key, "limit": self.limit, "spent": self.spent,
+                "source": self.source, "scope": self.scope, "message": self.message}
+
+
+def _policy_lines(target):
+    if target is None:
+        return []
+    from overlord.trust import policy
+    rule = policy.rule(target)
+    lines = rule.get("budget") or {}
+    return [(k, v, f"policy: {rule.source('budget.' + k)}") for k, v in sorted(lines.items())]
+
+
+def budget_lines(target, owner, config=None):
+    """Every budget line that applies to a session on target owned by owner:
+    {key: [{"limit", "source", "scope"}, ...]} (keys with no line left out). source: "config",
+    "policy: targets[/srv/app]" (or "policy: default"), "account: NAME"; scope: "session" for
+    the session_* lines, else where the spend is counted ("*", "account:NAME", "target:...")."""
+    config = _load_config() if config is None else config
+    found = [(k, v, "config", "*") for k, v in sorted(config["budget"].items())]
+    tscope = target_scope(os.fspath(target)) if target is not None else None
+    found += [(k, v, src, tscope) for k, v, src in _policy_lines(target)]
+    if owner:
+        acct = config["accounts"].get(owner) or {}
+        found += [(k, v, f"account: {owner}", f"account:{owner}") for k, v in sorted(acct.items())]
+    out = {}
+    for key, limit, source, scope in found:
+        if key not in LINES:
+            continue
+        out.setdefault(key, []).append({"limit": limit, "source": source,
+                                        "scope": "session" if key.startswith("session_") else scope})
+    return out
+
+
+def _today(now=None):
+    t = time.gmtime(_now() if now is None else now)
+    return time.strftime("%Y-%m-%d", t), time.strftime("%Y-%m", t)
+
+
+def _spent(key, scope, spend, session, now=None):
+    if key == "session_tokens":
+        return session["tokens"] if session else 0
+    if key == "session_usd":
+        return round(session["usd"], 10) if session else 0.0
+    day, month = _today(now)
+    table, period = (spend["day"], day) if key == "day_usd" else (spend["month"], month)
+    return round((table.get(period) or {}).get(scope, 0.0), 10)
+
+
+def _evaluate(lines, spend, session, now=None):
+    """(the most restrictive line reached as a Stop, or None). Per key the line with the least
+    headroom (limit - spent in its scope) wins; across keys the least headroom relative to the
+    limit (a zero line first). A stop when headroom <= 0."""
+    best = None
+    for key, per in lines.items():
+        for ln in per:
+            spent = _spent(key, ln["scope"], spend, session, now)
+            room = ln["limit"] - spent
+            if room > 0:
+                continue
+            rel = room / ln["limit"] if ln["limit"] else -math.inf
+            rank = (rel, room)
+            if best is None or rank < best[0]:
+                best = (rank, Stop(key, ln["limit"], spent, ln["source"], ln["scope"]))
+    return best[1] if best else None
+
+
+def check(sid, target, owner):
+    """None, or the Stop for the most restrictive budget line this session has reached."""
+    return Meter(sid, target, owner).check()
+
+
+class Meter:
+    """One session's budget check and ledger charge (agent loop, compaction, reviewer)."""
+
+    def __init__(self, sid, target, owner):
+        self.sid = store.check_sid(sid) if sid is not None else None
+        self.target = os.fspath(target) if target is not None else None
+        self.owner = owner or None
+
+    def check(self, kind="turn"):
+        """The Stop for the most restrictive line reached, or None: O(1) in the ledger."""
+        lines = budget_lines(self.target, self.owner)
+        if not lines:
+            return None
+        spend, session = _snapshot(self.sid)
+        return _evaluate(lines, spend, session)
+
+    def charge(self, kind, provider, model, usage):
+        """Write the call's ledger line and fold it into the totals; returns the line. Prices
+        from a cost.json that cannot be used fall back to the defaults (the spend happened
+        either way)."""
+        try:
+            table = prices()
+        except OverlordError:
+            table = {m: _entry(v) for m, v in DEFAULT_PRICES.items()}
+        line = line_for(self.sid, self.target, self.owner, kind, provider, model, usage,
+                        table=table)
+        return record(line)
+
+    def total(self):
+        """The session's running total (zeros before its first call)."""
+        if self.sid is None:
+            return _public(_zero())
+        return _public(_snapshot(self.sid)[1])
+
+
+def meter_view(owner=None, now=None):
+    """Spend today and this month against the most restrictive day_usd / month_usd line of the
+    machine's config and owner's account: {"day": {"spent", "limit", "source", "scope"},
+    "month": {...}}; limit and source None when no line is set (spent: the owner's, else the
+    machine's)."""
+    lines = budget_lines(None, owner)
+    spend, _ = _snapshot(None)
+    out = {}
+    for period, key in (("day", "day_usd"), ("month", "month_usd")):
+        best = None
+        for ln in lines.get(key, []):
+            spent = _spent(key, ln["scope"], spend, None, now)
+            rank = ln["limit"] - spent
+            if best is None or rank < best[0]:
+                best = (rank, {"spent": round(spent, 6), "limit": ln["limit"],
+                               "source": ln["source"], "scope": ln["scope"]})
+        if best is None:
+            scope = f"account:{owner}" if owner else "*"
+            best = (0, {"spent": round(_spent(key, scope, spend, None, now), 6), "limit": None,
+                        "source": None, "scope": scope})
+        out[period] = best[1]
+    return out
+
+
+# -- reports (these read the whole ledger) ------------------------------------------------------
+
+BY = ("model", "account", "day", "session", "month", "kind", "provider")
+
+
+def parse_since(since, now=None):
+    """YYYY-MM-DD, YYYY-MM-DDTHH:MM:SSZ or Nd (the last N days) -> the ISO prefix compared."""
+    if since is None:
+        return None
+    s = str(since).strip()
+    if s.endswith("d") and s[:-1].isdigit():
+        days = int(s[:-1])
+        if days > 100000:
+            raise UsageError(f"--since {_shown(s)}: too many days")
+        return _iso((_now() if now is None else now) - days * 86400)
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m"):
+        try:
+            datetime.datetime.strptime(s, fmt)
+            return s
+        except ValueError:
+            continue
+    raise UsageError(f"--since {_shown(s)}: not a date (YYYY-MM-DD, YYYY-MM, "
+                     "YYYY-MM-DDTHH:MM:SSZ or Nd)")
+
+
+def ledger_lines():
+    """Every readable ledger line (damaged ones skipped)."""
+    fd = _ledger_fd()
+    if fd is None:
+        return []
+    try:
+        return [line for _, line in _lines(fd, 0, os.fstat(fd).st_size)[0]]
+    finally:
+        os.close(fd)
+
+
+def report(by="model", since=None):
+    """[{"key", "calls", tokens..., "tokens", "usd", "unpriced_calls"}] grouped by `by`, the
+    costliest first."""
+    if by not in BY:
+        raise UsageError(f"--by {_shown(by)}: one of {', '.join(BY)}")
+    start = parse_since(since)
+    rows = {}
+    for line in ledger_lines():
+        ts = line.get("ts")
+        if not isinstance(ts, str):
+            continue
+        if start is not None and ts < start:
+            continue
+        key = {"model": line.get("model"), "account": line.get("account"), "day": ts[:10],
+               "month": ts[:7], "session": line.get("sid"), "kind": line.get("kind"),
+               "provider": line.get("provider")}[by]
+        key = key if isinstance(key, str) else None
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {"key": key, "calls": 0, **{k: 0 for k in TOKEN_KEYS},
+                               "tokens": 0, "usd": 0.0, "unpriced_calls": 0}
+        row["calls"] += 1
+        for k in TOKEN_KEYS:
+            v = _count(line.get(k))
+            row[k] += v
+            row["tokens"] += v
+        if _finite(line.get("usd")):
+            row["usd"] += line["usd"]
+        if not line.get("priced"):
+            row["unpriced_calls"] += 1
+    out = list(rows.values())
+    for row in out:
+        row["usd"] = round(row["usd"], 6)
+    if by in ("day", "month"):
+        out.sort(key=lambda r: r["key"] or "")
+    else:
+        out.sort(key=lambda r: (-r["usd"], -r["tokens"], r["key"] or ""))
+    return out
