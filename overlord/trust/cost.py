@@ -138,8 +138,12 @@ class _Locked:
         self.mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
 
     def __enter__(self):
-        store.ensure_home()
-        self.fd = os.open(_path(LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self.fd = os.open(_path(LOCK), flags, 0o600)
+        except FileNotFoundError:
+            store.ensure_home()
+            self.fd = os.open(_path(LOCK), flags, 0o600)
         fcntl.flock(self.fd, self.mode)
         return self
 
@@ -160,7 +164,7 @@ def _load_config():
     from overlord.trust import audit
     path = _path(CONFIG)
     opened = audit.open_owned(path, os.O_RDONLY, _config_error, 0o022, "write",
-                              fix=f"chmod 600 {escape_path(path)}", root_ok=True)
+                              fix="chmod 600 it", root_ok=True)
     empty = {"prices": {}, "budget": {}, "accounts": {}}
     if opened is None:
         return empty
@@ -253,10 +257,13 @@ def _entry(values):
     return dict(zip(PARTS, values))
 
 
-def prices():
+_DEFAULTS = {m: dict(_entry(v), source="default") for m, v in DEFAULT_PRICES.items()}
+
+
+def prices(config=None):
     """{model: {input, output, cache_read, cache_write, "source": "default"|"cost.json"}}."""
-    out = {m: dict(_entry(v), source="default") for m, v in DEFAULT_PRICES.items()}
-    for model, p in _load_config()["prices"].items():
+    out = dict(_DEFAULTS)
+    for model, p in (_load_config() if config is None else config)["prices"].items():
         out[model] = dict({k: p.get(k) for k in PARTS}, source="cost.json")
     return out
 
@@ -613,7 +620,6 @@ def _append(fd_w, line):
 
 def record(line):
     """Append a ledger line and fold the totals (see the module docstring). Returns the line."""
-    store.ensure_home()
     with _Locked():
         path = _path(LEDGER)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -789,7 +795,7 @@ class Meter:
         try:
             table = prices()
         except OverlordError:
-            table = {m: _entry(v) for m, v in DEFAULT_PRICES.items()}
+            table = _DEFAULTS
         line = line_for(self.sid, self.target, self.owner, kind, provider, model, usage,
                         table=table)
         return record(line)
