@@ -8,6 +8,14 @@ owner (the CLI) it is as it always was: the environment, then the machine's file
 A key file that group or others may read, or that another user owns, is refused rather than
 used: a key that leaked once is not a key. Writes are atomic (temp file created 0600, fsync,
 rename) under a lock, so a concurrent `keys set` never loses the other's key.
+
+Secrets from a vault (trust/vault.py, docs/VAULT.md): a value in the machine's keys.json or in
+the environment may be a reference, `secret://NAME`, resolved at the moment of use (the source
+stays "store" / "env"). With no key in any file or the environment and a resolver configured,
+the vault is asked for `providers/<provider>` (source "vault": the machine's shared key, like
+"store"). An account's own keys.json may not hold a reference: the vault answers for the
+machine, and an account naming `secret://providers/anthropic` as its "own" key would carry the
+machine's key to an endpoint of its choosing -- refused at `set` and at use.
 """
 import contextlib
 import fcntl
@@ -21,6 +29,8 @@ from overlord.txn import store
 ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY",
        "azure": "AZURE_OPENAI_API_KEY", "openai-compatible": "OPENAI_COMPAT_API_KEY",
        "gemini": "GEMINI_API_KEY"}
+OPTIONAL = ("openai-compatible",)   # a keyless endpoint is fine: a failing vault lookup is no key
+VAULT_PREFIX = "providers/"         # the convention: providers/<provider>
 
 
 def path(owner=None):
@@ -97,24 +107,68 @@ def _stored(data, provider):
 
 def get(provider, owner=None):
     """The key to use for a provider, or None: the owner's own key (when an owner is named),
-    else the environment, else the machine's key file."""
+    else the environment, else the machine's key file, else the vault's providers/<provider>."""
     return resolve(provider, owner)[0]
+
+
+def _vault():
+    from overlord.trust import vault
+    return vault
+
+
+def _use(value, provider, where):
+    """A stored or environment value at use: a secret:// reference resolved (a malformed one
+    refused), anything else as it is."""
+    vault = _vault()
+    if not vault.looks_like_ref(value):
+        return value
+    return vault.resolve(value, f"provider key {provider} ({where})")
+
+
+def _no_ref_own(value, provider, owner):
+    if _vault().looks_like_ref(value):
+        raise OverlordError(f"the {provider} key of account {owner} is a secret:// reference: "
+                            f"an account's own key is the key itself (the vault answers for "
+                            f"the machine; an admin stores a reference with `overlord keys set`)")
 
 
 def resolve(provider, owner=None):
     """(key, source) as get() resolves it: source "own" (the owner's keys.json), "env",
-    "store" (the machine's keys.json) or None (no key). "env" and "store" are the machine's
-    shared key: for an owner it goes only to the provider's own endpoint (ops.agent.endpoint)."""
+    "store" (the machine's keys.json), "vault" (providers/<provider> from the resolver, when
+    no file or variable has a key) or None (no key). "env", "store" and "vault" are the
+    machine's shared key: for an owner it goes only to the provider's own endpoint
+    (ops.agent.endpoint). A secret:// value is resolved here, at use; a failing resolver is
+    an OverlordError naming the reference."""
     _check(provider)
     if owner is not None:
         own = _stored(_load(owner), provider)
         if own:
+            _no_ref_own(own, provider, owner)
             return own, "own"
     env = os.environ.get(ENV[provider])
     if env:
-        return env, "env"
+        return _use(env, provider, ENV[provider]), "env"
     stored = _stored(_load(), provider)
-    return (stored, "store") if stored else (None, None)
+    if stored:
+        return _use(stored, provider, "keys.json"), "store"
+    name = VAULT_PREFIX + provider
+    try:
+        key = _vault().lookup(name, f"provider key {provider}")
+    except OverlordError as e:
+        if provider in OPTIONAL:
+            return None, None
+        raise OverlordError(f"{e} (no {provider} key in keys.json or {ENV[provider]}; the "
+                            f"vault was asked for {name})") from None
+    return (key, "vault") if key else (None, None)
+
+
+def vault_ready():
+    """True when a resolver is configured (a damaged secrets.json counts as none here: a
+    listing is never the place that fails)."""
+    try:
+        return _vault().configured()
+    except OverlordError:
+        return False
 
 
 def set(provider, key, owner=None):  # noqa: A001 -- the module's verb, as in `overlord keys set`
@@ -123,6 +177,14 @@ def set(provider, key, owner=None):  # noqa: A001 -- the module's verb, as in `o
     key = (key or "").strip()
     if any(c.isspace() for c in key):
         raise UsageError("a key cannot contain whitespace")
+    vault = _vault()
+    if vault.looks_like_ref(key):
+        if owner is not None:
+            raise UsageError("an account's own key cannot be a secret:// reference (the vault "
+                             "answers for the machine: an admin sets one with `overlord keys set`)")
+        if not vault.is_ref(key):
+            raise UsageError("not a valid secret reference: secret://NAME, the name letters, "
+                             "digits and _ . / -, no '..' segment, no leading '/' or '-'")
     target = path(owner)              # a hostile owner is refused before anything is made
     if owner is not None:
         from overlord.trust.userdirs import ensure_user_dir
@@ -137,10 +199,23 @@ def set(provider, key, owner=None):  # noqa: A001 -- the module's verb, as in `o
 
 
 def listing(owner=None):
-    """{provider: "own" | "env" | "store" | None} -- where each key comes from (as get()
-    resolves it), never the key. "own" only for an owner."""
+    """{provider: "own" | "env" | "store" | "vault" | None} -- where each key comes from (as
+    get() resolves it), never the key, and without running the resolver: "vault" says the
+    resolver would be asked for providers/<provider> (a stored reference is still "store",
+    an environment one "env"). "own" only for an owner."""
     own = _load(owner) if owner is not None else {}
     stored = _load()
-    return {p: "own" if _stored(own, p) else "env" if os.environ.get(var) else
-            ("store" if _stored(stored, p) else None)
-            for p, var in ENV.items()}
+    vault = None
+    out = {}
+    for p, var in ENV.items():
+        if _stored(own, p):
+            out[p] = "own"
+        elif os.environ.get(var):
+            out[p] = "env"
+        elif _stored(stored, p):
+            out[p] = "store"
+        else:
+            if vault is None:
+                vault = vault_ready()
+            out[p] = "vault" if vault else None
+    return out

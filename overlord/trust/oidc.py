@@ -229,6 +229,10 @@ def configure(issuer, client_id, client_secret, domains=(), admins=(), viewers=(
         if (not isinstance(client_secret, str) or not client_secret or len(client_secret) > 4096
                 or not _PRINTABLE.match(client_secret)):
             raise UsageError("the client secret must be one line of printable text")
+        from overlord.trust import vault            # secret://NAME: resolved at the exchange
+        if vault.looks_like_ref(client_secret) and not vault.is_ref(client_secret):
+            raise UsageError("the client secret looks like a secret:// reference but is not "
+                             "one (secret://NAME: letters, digits and _ . / -, no '..')")
         data = {"issuer": issuer, "client_id": client_id, "client_secret": client_secret,
                 "domains": doms, "admins": adm, "viewers": vie, "role_claim": role_claim or None,
                 "role_map": rmap, "default_role": default_role, "scopes": SCOPES}
@@ -897,8 +901,16 @@ class Flows:
 
     def _exchange(self, conf, flow, code):
         doc = discover(conf["issuer"])
+        secret = conf["client_secret"]
+        from overlord.trust import vault
+        if vault.looks_like_ref(secret):            # resolved now, at the token exchange
+            try:
+                secret = vault.resolve(secret, "sso client secret")
+            except OverlordError as e:           # .short: nothing the resolver printed
+                raise SSOError(f"the client secret: {getattr(e, 'short', e)}",
+                               http_status=502) from None
         basic = (urllib.parse.quote(conf["client_id"], safe="") + ":" +
-                 urllib.parse.quote(conf["client_secret"], safe=""))
+                 urllib.parse.quote(secret, safe=""))
         body = urllib.parse.urlencode({
             "grant_type": "authorization_code", "code": code,
             "redirect_uri": flow["redirect_uri"], "code_verifier": flow["verifier"]}).encode()

@@ -14,8 +14,9 @@ characters, no `..` segment, no leading `/` and no leading `-` (a name is never 
 the resolver). The run: stdin /dev/null, stdout and stderr captured (each capped), env = this
 process's environment, 10 s timeout (the whole process group is killed past it). stdout is the
 secret with one trailing newline removed; empty output, a NUL byte, output over 64 KiB or not
-UTF-8 are refused. A failure is an OverlordError naming the reference:
-`secret://NAME: the resolver exited 3 (first line of its stderr)`.
+UTF-8 are refused. A failure is a VaultError (an OverlordError) naming the reference:
+`secret://NAME: the resolver exited 3 (first line of its stderr, escaped, capped)`; its .short
+form leaves stderr out, for messages that may be kept (connectors, SSO).
 
 A resolved value is kept in this process's memory for `ttl` seconds (default 300; 0 = never
 kept), keyed by the name AND the command (a new command forgets old values); failures are
@@ -50,6 +51,16 @@ TIMEOUT = 10.0
 MAX_OUTPUT = 64 * 1024
 MAX_STDERR = 4096
 MAX_COMMAND = 8192          # the whole command line as typed
+
+class VaultError(OverlordError):
+    """A reference that did not resolve. str(): `secret://NAME: why (stderr's first line)`;
+    .short: the same without anything the resolver printed (for a message that may be kept:
+    an audit line, a transcript); .name, .reason (a fixed word: exit 3, timeout, empty...)."""
+
+    def __init__(self, message, name, reason, short=None):
+        super().__init__(message)
+        self.name, self.reason, self.short = name, reason, short or message
+
 
 _cache = {}                 # (name, command tuple) -> (value, expires at, monotonic)
 _cache_lock = threading.Lock()
@@ -318,7 +329,8 @@ def _fetch(name, what, cfg, fresh=False):
             value = _run(name, cfg["command"])
         except _Failed as e:
             audit.append("secret.resolve", name=name, what=what, ok=False, reason=e.reason)
-            raise OverlordError(f"secret://{name}: {e.message}") from None
+            raise VaultError(f"secret://{name}: {e.message}{e.detail}", name, e.reason,
+                             f"secret://{name}: {e.message}") from None
         audit.append("secret.resolve", name=name, what=what, ok=True)
         if ttl:
             with _cache_lock:
@@ -327,9 +339,9 @@ def _fetch(name, what, cfg, fresh=False):
 
 
 class _Failed(Exception):
-    def __init__(self, reason, message):
+    def __init__(self, reason, message, detail=""):
         super().__init__(message)
-        self.reason, self.message = reason, message
+        self.reason, self.message, self.detail = reason, message, detail
 
 
 def _first_line(err):
@@ -391,7 +403,7 @@ def _run(name, command):
         raise _Failed("too-long", f"the resolver printed more than {MAX_OUTPUT // 1024} KiB")
     if status != 0:
         how = (f"was killed by signal {-status}" if status < 0 else f"exited {status}")
-        raise _Failed(f"exit {status}", f"the resolver {how}{_first_line(bytes(err))}")
+        raise _Failed(f"exit {status}", f"the resolver {how}", _first_line(bytes(err)))
     data = bytes(out)
     if data.endswith(b"\r\n"):
         data = data[:-2]

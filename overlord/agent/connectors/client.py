@@ -83,6 +83,27 @@ class CallResult:
     truncated: bool
 
 
+def secret_values(name, kind, values):
+    """A server's configured env (kind "env") or header (kind "header") values as they are
+    used: each value that is a whole `secret://NAME` resolved by the vault (trust/vault.py)
+    when the server starts or is reached, anything else as it is. A failing reference is a
+    ConnectorError naming the server, the key and the reference (never a value)."""
+    out = {}
+    vault = None
+    for key, value in (values or {}).items():
+        key, value = str(key), str(value)
+        if value.startswith("secret://"):
+            if vault is None:
+                from overlord.trust import vault
+            try:
+                value = vault.resolve(value, f"connector {name} {kind} {key}")
+            except OverlordError as exc:
+                raise ConnectorError(f"connector {name}: {kind} {_clip(key)}: "
+                                     f"{getattr(exc, 'short', exc)}") from None
+        out[key] = value
+    return out
+
+
 def open(server, *, log=None, start_timeout=20.0, cancel=None):
     """Start or reach `server` (a config.Server or anything with its attributes), connect in
     the newest generation it speaks, and return the Client. ConnectorError when it cannot;

@@ -26,7 +26,7 @@ import urllib.request
 from overlord.agent.cancel import Cancel, Cancelled
 from overlord.agent.connectors.client import (LINE_MAX, NAMED, NOTIFY_TIMEOUT, VERSION_KEY,
                                               ConnectorError, RemoteError, TimedOut, _clip,
-                                              answer_to_server)
+                                              answer_to_server, secret_values)
 
 CONNECT_MAX = 30.0                   # seconds a connection may take to open
 _SAFE = re.compile(r"^[\x20-\x7E]*$")
@@ -68,8 +68,8 @@ class Http:
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/",
                                             parts.query, ""))
-        configured = getattr(server, "headers", None) or {}
-        self.headers = {str(k): str(v) for k, v in configured.items()}
+        # a header value that is secret://NAME: resolved now, as the server is reached
+        self.headers = secret_values(self.name, "header", getattr(server, "headers", None))
         self.proxy = None if _loopback(self.host) else self._proxy(parts.scheme)
         self.session = None          # Mcp-Session-Id (the handshake)
         self.version = None          # MCP-Protocol-Version, once known

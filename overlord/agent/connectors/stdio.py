@@ -3,7 +3,8 @@ on its stdin and stdout; its stderr is appended to the connector log (up to a ca
 drained and dropped), never our terminal.
 
 The child gets exactly the environment configured for it plus PATH, HOME and LANG from ours
-(no provider key reaches a connector). It is started through a small supervisor (SUPERVISOR
+(no provider key reaches a connector); a configured value that is `secret://NAME` is resolved
+by the vault as the server starts (client.secret_values). It is started through a small supervisor (SUPERVISOR
 below, the same Python, no preexec_fn): the supervisor is a child subreaper
 (PR_SET_CHILD_SUBREAPER), so whatever the server leaves behind -- even a child that called
 setsid() to leave its process group -- becomes the supervisor's child when its parent dies,
@@ -40,7 +41,7 @@ import time
 
 from overlord.agent.cancel import Cancelled
 from overlord.agent.connectors.client import (LINE_MAX, ConnectorError, TimedOut, _clip,
-                                              answer_to_server)
+                                              answer_to_server, secret_values)
 
 INHERITED = ("PATH", "HOME", "LANG")
 GRACE = 1.0                  # seconds a server has to leave after its stdin closes
@@ -224,6 +225,7 @@ class Stdio:
             raise ConnectorError(f"connector {self.name}: cannot start {_clip(command)}: no "
                                  "Python interpreter to supervise it")
         argv = [command, *[str(a) for a in (getattr(server, "args", None) or [])]]
+        env = environment(secret_values(self.name, "env", getattr(server, "env", None)))
         self.pending = {}                  # request id -> _Slot
         self.lock = threading.Lock()       # pending, dead, the queue
         self.cond = threading.Condition(self.lock)
@@ -247,7 +249,7 @@ class Stdio:
                  str(TERM_GRACE), *argv],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE if log.path is not None else subprocess.DEVNULL,
-                env=environment(getattr(server, "env", None)), start_new_session=True,
+                env=env, start_new_session=True,
                 close_fds=True, pass_fds=(status_w, life_r))
         except OSError as exc:
             for fd in (status_r, life_w, self.wake_r, self.wake_w):
