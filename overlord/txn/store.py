@@ -16,8 +16,10 @@ import time
 from overlord.errors import NotFound, UsageError
 
 SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
-STATES = ("running", "pending", "timed-out", "unchanged", "committed", "rolled-back")
+STATES = ("running", "pending", "timed-out", "unchanged", "committed", "rolled-back", "imported")
 # unchanged: a run whose command changed nothing, closed at once (it blocks no later run)
+# imported: the record of a session that was open on another machine, brought here by
+#   `overlord import` (trust/bundle.py): kept, never reviewable or committable here
 OPEN_STATES = ("pending", "timed-out")   # reviewable: may be diffed, committed, rolled back
 
 
