@@ -1,4 +1,4 @@
-"""`overlord users add|list|passwd|role|rm|token|tokens|revoke`: the accounts of the workspace
+"""`overlord users add|list|passwd|role|rm|token|tokens|revoke|budget`: the accounts of the workspace
 (overlord/trust/auth.py, through overlord.ops.auth), parsed and rendered here.
 
 A password never comes from the command line (argv is readable by every process on the
@@ -8,6 +8,7 @@ alice)` keeps it and nothing else."""
 import argparse
 import sys
 
+from overlord.cli import cost_cmds
 from overlord.cli import render as R
 from overlord.errors import NotFound, UsageError
 from overlord.text import jsonable
@@ -80,6 +81,15 @@ def add_parsers(sub):
                        "next request on.")
     rv.add_argument("name", metavar="NAME", help=NAME_HELP)
     rv.add_argument("token_id", metavar="TOKEN-ID", help="the token's id (12 hex digits)")
+    bu = ps.add_parser("budget", help="an account's budget lines (show, set, clear)",
+                       description="The budget lines of one account (OVERLORD_HOME/cost.json, "
+                       "accounts): its sessions' tokens and dollars, its dollars per UTC day "
+                       "and month across all its sessions. The machine's lines (`overlord cost "
+                       "budget`) and the folder's policy rule apply too: of each, the most "
+                       "restrictive wins and is named. Without flags: show. Audited "
+                       "cost.budget. docs/COST.md.")
+    bu.add_argument("name", metavar="NAME", help=NAME_HELP + "; it must exist")
+    cost_cmds.budget_flags(bu)
 
 
 def _no_password_here(parser):
@@ -100,7 +110,8 @@ def _refuse_argv_password(args):
 def cmd_users(args):
     from overlord.ops import auth
     return {"add": _add, "list": _list, "passwd": _passwd, "role": _role, "rm": _rm,
-            "token": _token, "tokens": _tokens, "revoke": _revoke}[args.users_command](auth, args)
+            "token": _token, "tokens": _tokens, "revoke": _revoke,
+            "budget": _budget}[args.users_command](auth, args)
 
 
 def read_password(prompt):
@@ -234,6 +245,12 @@ def _revoke(auth, args):
     auth.revoke(args.name, args.token_id, by=R.cli_actor())
     print(f"revoked token {args.token_id} of {args.name}")
     return 0
+
+
+def _budget(auth, args):
+    from overlord import ops
+    auth.check_name(args.name)
+    return cost_cmds.budget_command(ops, f"account:{args.name}", args)
 
 
 COMMANDS = {"users": cmd_users}
