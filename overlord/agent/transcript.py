@@ -73,7 +73,7 @@ class Transcript:
         self.dir, self.on_event = session_dir, on_event
         self.conversation = replay(read(session_dir))
 
-    def record(self, kind, **fields):
+    def record(self, kind, /, **fields):
         event = {"type": kind, "at": round(time.time(), 3), **fields}
         line = json.dumps(event, sort_keys=True)
         store.append_jsonl(path(self.dir), [event])
