@@ -16,7 +16,7 @@ def cost_report(by="model", since=None):
     for row in rows:
         for k in total:
             total[k] += row[k]
-    total["usd"] = round(total["usd"], 6)
+    total["usd"] = round(total["usd"], 10)
     return {"by": by, "since": since, "rows": rows, "total": total}
 
 

@@ -581,13 +581,14 @@ def _load_session(fd, sid, size):
 
 
 def _load_spend(fd, size):
-    """spend.json as recorded, or the empty cache at offset 0 when missing, damaged or past the
-    ledger's end (the fold then rebuilds it from the whole ledger)."""
+    """(spend.json as recorded, True), or (the empty cache at offset 0, False) when it is
+    missing, damaged or claims past the ledger's end: the fold then rebuilds it from the whole
+    ledger."""
     doc, state = _read_json(_path(SPEND))
     if state == "ok" and _valid_spend(doc) and (fd is None and doc["offset"] == 0 or
                                                 fd is not None and _boundary_ok(fd, doc["offset"], size)):
-        return doc
-    return {"offset": 0, "day": {}, "month": {}}
+        return doc, True
+    return {"offset": 0, "day": {}, "month": {}}, size == 0
 
 
 def _fold(spend, sessions, fd, end, load_session):
@@ -618,6 +619,34 @@ def _append(fd_w, line):
     os.fsync(fd_w)
 
 
+def _settle(fd, before, end, want=None):
+    """Under the exclusive lock: fold the ledger from spend.json's offset to end into spend and
+    the session files (want: a session whose file is loaded -- rebuilt when damaged -- and
+    written whatever the fold finds), then write them: sessions first, spend.json last (see
+    the module docstring). before: the ledger's size the caches were checked against.
+    Returns (spend, {sid: doc})."""
+    spend = _load_spend(fd, before)[0]
+    sessions = {}
+
+    def load(sid):
+        if not os.path.isdir(store.session_dir(sid)):
+            return None                     # no record to keep a total on
+        return _load_session(fd, sid, before)[0]
+    if want is not None:
+        sessions[want] = load(want)
+    upto = _fold(spend, sessions, fd, end, load)
+    for sid, doc in sessions.items():
+        if doc is not None:
+            doc["offset"] = max(upto, doc["offset"])
+            try:
+                _write_cache(_session_path(sid), doc)
+            except FileNotFoundError:       # the session was removed meanwhile
+                pass
+    _trim(spend)
+    _write_cache(_path(SPEND), spend)
+    return spend, sessions
+
+
 def record(line):
     """Append a ledger line and fold the totals (see the module docstring). Returns the line."""
     with _Locked():
@@ -625,52 +654,56 @@ def record(line):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             before = os.fstat(fd).st_size
-            spend = _load_spend(fd, before)
             _append(fd, line)
-            end = os.fstat(fd).st_size
-            sessions = {}
-
-            def load(sid):
-                if not os.path.isdir(store.session_dir(sid)):
-                    return None                 # no record to keep a total on
-                return _load_session(fd, sid, before)[0]
-            _fold(spend, sessions, fd, end, load)
+            _settle(fd, before, os.fstat(fd).st_size)
         finally:
             os.close(fd)
-        for sid, doc in sessions.items():       # sessions first: see the module docstring
-            if doc is not None:
-                doc["offset"] = end
-                try:
-                    _write_cache(_session_path(sid), doc)
-                except FileNotFoundError:       # the session was removed meanwhile
-                    pass
-        _trim(spend)
-        _write_cache(_path(SPEND), spend)
     return line
+
+
+def _repair(sid):
+    """Rebuild what a check found untrustworthy (a damaged spend.json or session file), under
+    the exclusive lock, so the next check is O(1) again."""
+    with _Locked():
+        fd = _ledger_fd()
+        if fd is None:
+            return {"offset": 0, "day": {}, "month": {}}, _zero()
+        try:
+            size = os.fstat(fd).st_size
+            spend, sessions = _settle(fd, size, size, want=sid)
+            doc = sessions.get(sid) if sid is not None else None
+            if sid is not None and doc is None:         # no session record: not kept on disk
+                doc = _rebuild_session(fd, sid, size)
+            return spend, doc
+        finally:
+            os.close(fd)
 
 
 def _snapshot(sid=None):
     """(spend, session doc or None) as of now, O(1): under a shared lock, the caches plus any
-    lines past spend.json's offset folded in memory."""
+    lines past spend.json's offset folded in memory. A cache that cannot be trusted is rebuilt
+    from the ledger (and written) instead."""
     with _Locked(shared=True):
         fd = _ledger_fd()
         try:
             size = os.fstat(fd).st_size if fd is not None else 0
-            spend = _load_spend(fd, size)
-            sessions = {}
+            spend, trusted = _load_spend(fd, size)
+            sessions, rebuilt = {}, False
             if sid is not None:
-                sessions[sid] = _load_session(fd, sid, size)[0]
-            if fd is not None and spend["offset"] < size:
+                sessions[sid], rebuilt = _load_session(fd, sid, size)
+            if trusted and not rebuilt and fd is not None and spend["offset"] < size:
                 _fold(spend, sessions, fd, size, lambda s: _load_session(fd, s, size)[0])
         finally:
             if fd is not None:
                 os.close(fd)
+    if not trusted or rebuilt:
+        return _repair(sid)
     return spend, sessions.get(sid)
 
 
 def _public(doc):
     out = {k: v for k, v in doc.items() if k != "offset"}
-    out["usd"] = round(out["usd"], 6)
+    out["usd"] = round(out["usd"], 10)
     return out
 
 
@@ -777,7 +810,7 @@ class Meter:
 
     def __init__(self, sid, target, owner):
         self.sid = store.check_sid(sid) if sid is not None else None
-        self.target = os.fspath(target) if target is not None else None
+        self.target = os.path.realpath(target) if target is not None else None
         self.owner = owner or None
 
     def check(self, kind="turn"):
@@ -821,11 +854,11 @@ def meter_view(owner=None, now=None):
             spent = _spent(key, ln["scope"], spend, None, now)
             rank = ln["limit"] - spent
             if best is None or rank < best[0]:
-                best = (rank, {"spent": round(spent, 6), "limit": ln["limit"],
+                best = (rank, {"spent": round(spent, 10), "limit": ln["limit"],
                                "source": ln["source"], "scope": ln["scope"]})
         if best is None:
             scope = f"account:{owner}" if owner else "*"
-            best = (0, {"spent": round(_spent(key, scope, spend, None, now), 6), "limit": None,
+            best = (0, {"spent": round(_spent(key, scope, spend, None, now), 10), "limit": None,
                         "source": None, "scope": scope})
         out[period] = best[1]
     return out
@@ -899,7 +932,7 @@ def report(by="model", since=None):
             row["unpriced_calls"] += 1
     out = list(rows.values())
     for row in out:
-        row["usd"] = round(row["usd"], 6)
+        row["usd"] = round(row["usd"], 10)
     if by in ("day", "month"):
         out.sort(key=lambda r: r["key"] or "")
     else:
