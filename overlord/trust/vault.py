@@ -62,9 +62,10 @@ class VaultError(OverlordError):
         self.name, self.reason, self.short = name, reason, short or message
 
 
-_cache = {}                 # (name, command tuple) -> (value, expires at, monotonic)
+_cache = {}                 # (name, command tuple) -> (value, expires at on _clock)
 _cache_lock = threading.Lock()
 _name_locks = {}            # name -> Lock: one run at a time per name in this process
+_clock = time.monotonic     # the cache's clock (a test moves it instead of sleeping)
 
 
 def path():
@@ -303,7 +304,7 @@ def _cached(key):
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None:
-            if time.monotonic() < hit[1]:
+            if _clock() < hit[1]:
                 return hit[0]
             del _cache[key]
     return None
@@ -334,7 +335,7 @@ def _fetch(name, what, cfg, fresh=False):
         audit.append("secret.resolve", name=name, what=what, ok=True)
         if ttl:
             with _cache_lock:
-                _cache[key] = (value, time.monotonic() + ttl)
+                _cache[key] = (value, _clock() + ttl)
         return value
 
 
