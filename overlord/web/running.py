@@ -26,9 +26,7 @@ from overlord.errors import OverlordError, UsageError
 from overlord.web import roles as R
 from overlord.web import settings as S
 
-HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")   # a path segment naming a hook
-FORMATS = ("slack", "json")
-DEFAULT_ON = ("session.needs_review", "connector.approval_requested")
+HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")   # as trust/notify.check_name
 EVERY = "*"
 DELIVERIES_SHOWN = 50
 CHUNK = 1 << 16
@@ -46,21 +44,17 @@ def usage(app, req):
 
 def webhooks(app, req):
     """{base_url, hooks: [{name, url, host, format, on, secret, allow_private, created}],
-    actions: [every act a hook may subscribe to], formats, default_on}."""
+    queued, actions: [every act a hook may subscribe to], formats, default_on}."""
     return listing()
 
 
 def listing():
+    from overlord.ops import notify
     listed = ops.webhook_list()
-    if not isinstance(listed, dict):
-        listed = {"hooks": listed}
-    hooks = listed.get("hooks") or {}
-    if isinstance(hooks, dict):
-        hooks = [dict(h, name=name) for name, h in hooks.items()]
     return {"base_url": listed.get("base_url"),
-            "hooks": sorted((hook_row(h) for h in hooks if isinstance(h, dict)), key=lambda h: h["name"]),
-            "actions": audit_actions(listed),
-            "formats": list(FORMATS), "default_on": list(DEFAULT_ON)}
+            "hooks": [hook_row(h) for h in listed.get("hooks") or () if isinstance(h, dict)],
+            "queued": listed.get("queued"), "actions": audit_actions(listed),
+            "formats": list(notify.FORMATS), "default_on": list(notify.DEFAULT_ON)}
 
 
 def hook_row(hook):
@@ -82,13 +76,13 @@ def secret_shown(value):
     return "set"
 
 
-def audit_actions(listed):
-    """The acts a hook may subscribe to, as the notify layer lists them ("actions"), else the
-    audit chain's own list through the service layer."""
-    acts = listed.get("actions")
+def audit_actions(listed=None):
+    """The acts a hook may subscribe to: every audited act (the notify layer's list when it
+    gives one, else the audit chain's own, as the service layer holds it)."""
+    acts = (listed or {}).get("actions")
     if not acts:
         from overlord.ops import audit as audit_ops
-        acts = getattr(audit_ops, "ACTIONS", None) or getattr(getattr(audit_ops, "audit", None), "ACTIONS", ())
+        acts = getattr(audit_ops, "ACTIONS", None) or audit_ops.audit.ACTIONS
     return sorted(a for a in acts if isinstance(a, str))
 
 
@@ -109,16 +103,17 @@ def webhook_add(app, req):
     parts = urllib.parse.urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise S.Invalid("w-url", "the URL must be http:// or https:// with a host")
+    from overlord.ops import notify
     fmt = body.get("format", "slack")
-    if fmt not in FORMATS:
-        raise S.Invalid("w-format", f"the format is one of {', '.join(FORMATS)}")
+    if fmt not in notify.FORMATS:
+        raise S.Invalid("w-format", f"the format is one of {', '.join(notify.FORMATS)}")
     on = body.get("on") or []
     if isinstance(on, str):
         on = [on]
     if not isinstance(on, list) or len(on) > 200 or not all(isinstance(a, str) and a for a in on):
         raise S.Invalid("w-on", "the acts to notify of are a list of audit action names")
-    known = set(audit_actions({}) or ()) | {EVERY}
-    bad = [a for a in on if known - {EVERY} and a not in known]
+    known = set(audit_actions()) | {EVERY}
+    bad = [a for a in on if a not in known]
     if bad:
         raise S.Invalid("w-on", f"not an audit action: {bad[0][:60]!r}")
     secret = body.get("secret")
@@ -129,7 +124,12 @@ def webhook_add(app, req):
     allow = body.get("allow_private", False)
     if not isinstance(allow, bool):
         raise S.Invalid("w-private", "allow_private is true or false")
-    ops.webhook_add(name, url.strip(), fmt=fmt, on=tuple(on), secret=secret, allow_private=allow)
+    try:
+        ops.webhook_add(name, url.strip(), fmt=fmt, on=tuple(on), secret=secret, allow_private=allow)
+    except UsageError as exc:         # the notify layer's own checks (a URL with a password, ...)
+        words = str(exc).lower()
+        field = "w-secret" if "secret" in words else "w-url" if "url" in words else "w-name"
+        raise S.Invalid(field, str(exc)) from None
     return listing()
 
 
@@ -172,8 +172,6 @@ def webhook_deliveries(app, req):
     if raw and (not raw.isdigit() or not 0 < int(raw) <= 500):
         raise UsageError("limit takes a number from 1 to 500")
     rows = ops.webhook_deliveries(limit=int(raw) if raw else DELIVERIES_SHOWN)
-    if isinstance(rows, dict):
-        rows = rows.get("deliveries") or []
     return {"deliveries": [{k: v for k, v in r.items() if k not in ("secret", "signature", "headers")}
                            for r in rows if isinstance(r, dict)]}
 

@@ -218,7 +218,7 @@ const RUNNING = (() => {
     if (!sel.options.length || sel.dataset.filled !== String(data.actions.length)) {
       const chosen = new Set(sel.options.length ? [...sel.selectedOptions].map((o) => o.value) : data.default_on);
       clear(sel).append(h("option", {value: "*", selected: chosen.has("*")}, "* (every act)"),
-        data.actions.map((a) => h("option", {value: a, selected: chosen.has(a)}, a)));
+        ...data.actions.map((a) => h("option", {value: a, selected: chosen.has(a)}, a)));
       sel.dataset.filled = String(data.actions.length);
     }
     if (!$("w-format").options.length) {
@@ -318,9 +318,9 @@ const RUNNING = (() => {
     } catch (e) {
       const f = e.data && e.data.field;
       if (f && FIELDS[f]) fieldError(FIELDS[f], e.message);
+      else if (/exists|named/i.test(e.message)) fieldError("w-name", e.message);
       else if (/secret/i.test(e.message)) fieldError("w-secret", e.message);
       else if (/url|address|host|scheme|http/i.test(e.message)) fieldError("w-url", e.message);
-      else if (/name|exists/i.test(e.message)) fieldError("w-name", e.message);
       else $("w-error").textContent = e.message;
     } finally { $("w-add").disabled = false; }
   }
@@ -340,7 +340,7 @@ const RUNNING = (() => {
     let data;
     try { data = await api("GET", "/api/webhooks/deliveries"); }
     catch (e) { body.append(h("tr", {}, h("td", {colspan: "4", class: "muted small"}, `The delivery log could not be read: ${e.message}`))); return; }
-    const rows = (data.deliveries || []).slice().reverse();
+    const rows = data.deliveries || [];                  /* newest first */
     $("w-deliveries-none").hidden = rows.length > 0;
     for (const d of rows) {
       const ts = num(d.ts) !== null ? num(d.ts) : Date.parse(d.ts || d.at) / 1000;
