@@ -483,6 +483,7 @@ def _plan_packs(p, d, refs, states):
     except FileNotFoundError:
         return
     stems = sorted({n.split(".", 1)[0] for n in names if store.SID_RE.match(n.split(".", 1)[0])})
+    kept = set(p.remaining)
     for stem in stems:
         files = [n for n in (f"{stem}.pack", f"{stem}.idx", f"{stem}.idx.tmp") if n in names]
         sts = {n: _lstat(os.path.join(d, n)) for n in files}
@@ -490,6 +491,8 @@ def _plan_packs(p, d, refs, states):
             continue
         size = sum(st.st_size for st in sts.values())
         if f"{stem}.idx" in names:
+            if stem in kept:
+                continue              # its own record names what it holds (its "after"s)
             index = _load(os.path.join(d, f"{stem}.idx"))
             if not isinstance(index, dict):
                 continue              # an index we cannot read: never guessed at

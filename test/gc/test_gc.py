@@ -462,3 +462,39 @@ def test_one_gc_at_a_time(ovl, home, t):
         assert proc.returncode == 1 and "another `overlord gc` is running" in proc.err
     finally:
         os.close(fd)
+
+
+# -- packaging ------------------------------------------------------------------------------------
+
+PACKAGING = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "packaging")
+
+
+def _directives(name):
+    out = {}
+    for line in open(os.path.join(PACKAGING, name), encoding="utf-8"):
+        line = line.strip()
+        if line and not line.startswith(("#", "[")) and "=" in line:
+            k, _, v = line.partition("=")
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def test_the_units_run_gc_nightly_as_a_oneshot():
+    svc, timer = _directives("overlord-gc.service"), _directives("overlord-gc.timer")
+    assert svc["Type"] == ["oneshot"]
+    assert svc["ExecStart"][0].split()[-2:] == ["overlord", "gc"]
+    assert svc["NoNewPrivileges"] == ["yes"] and svc["KillMode"] == ["process"]
+    assert timer["Unit"] == ["overlord-gc.service"] and timer["Persistent"] == ["true"]
+    assert timer["OnCalendar"] and timer["WantedBy"] == ["timers.target"]
+
+
+def test_systemd_accepts_the_units(tmp_path):
+    import shutil
+    import subprocess
+    tool = shutil.which("systemd-analyze")
+    if not tool:
+        pytest.skip("systemd-analyze is not installed")
+    files = [os.path.join(PACKAGING, n) for n in ("overlord-gc.service", "overlord-gc.timer")]
+    proc = subprocess.run([tool, "verify", *files], capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
