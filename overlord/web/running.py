@@ -17,7 +17,6 @@ layer sent one up (a stored value other than a secret:// reference shows as "set
 """
 import os
 import re
-import shutil
 import tempfile
 import urllib.parse
 
@@ -179,8 +178,8 @@ def webhook_deliveries(app, req):
 # -- export ---------------------------------------------------------------------------------------
 
 class Download:
-    """A file sent as an attachment, from an open file whose name is already gone (the
-    bundle is built in a private folder, opened, unlinked; the answer reads it and closes it)."""
+    """A file sent as an attachment, from an open file with no name on disk (the answer reads
+    it from the start and closes it)."""
 
     def __init__(self, f, filename, ctype="application/octet-stream"):
         self.file, self.filename, self.type = f, filename, ctype
@@ -201,16 +200,18 @@ class Download:
 
 
 def export(app, req, sid):
-    """The session as a .ovl (`overlord export SID -o FILE`), built in a private folder under
-    OVERLORD_HOME and streamed: nothing of it stays on disk once the answer is sent."""
+    """The session as a .ovl (`overlord export SID -o FILE`), built into an unnamed file under
+    OVERLORD_HOME (no name on disk, ever: nothing of it stays once the answer is sent) and
+    streamed from there."""
     if app.chats.running(sid):
         raise OverlordError("cannot export while the agent is working in this session: press "
                             "Stop first (or wait for it to finish)")
-    where = tempfile.mkdtemp(prefix=".export-", dir=ops.ensure_home())
+    f = tempfile.TemporaryFile(dir=ops.ensure_home())
     try:
-        out = os.path.join(where, f"{sid}.ovl")
-        ops.export_session(sid, out)
-        f = open(out, "rb")
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-    return Download(f, f"{sid}.ovl")
+        ops.export_session(sid, f)
+        f.flush()
+        f.seek(0)
+        return Download(f, f"{sid}.ovl")
+    except BaseException:
+        f.close()
+        raise

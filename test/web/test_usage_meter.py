@@ -100,7 +100,7 @@ def test_a_conversations_reading_and_spend_fill_the_meter(ui, fake, cli, pages, 
     page = pages()
     open_workspace(page, ui)
     expect(row(page, ":tokens")).to_contain_text("no reading yet")
-    expect(row(page, "day")).to_contain_text("$0.00 of $1.00 left")
+    expect(row(page, "day")).to_contain_text("$1.00 of $1.00 left ($0.00 spent)")
     expect(row(page, "day")).to_have_class("meter-row meter-spend meter-ok")
     page.fill("#prompt", "Look around")
     page.click("#send")
@@ -117,7 +117,7 @@ def test_a_conversations_reading_and_spend_fill_the_meter(ui, fake, cli, pages, 
     day, month = row(page, "day"), row(page, "month")
     expect(day).to_contain_text("$0.20 of $1.00 left ($0.80 spent) \u2014 under a quarter left")
     expect(day).to_have_class("meter-row meter-spend meter-amber")
-    assert "comes from" in day.get_attribute("title") and "$1.00" in day.get_attribute("title")
+    assert day.get_attribute("title") == "the day_usd line of $1.00 is set by the machine's budget (overlord cost budget)"
     expect(month).to_contain_text("$9.20 of $10.00 left ($0.80 spent)")
     expect(month).to_have_class("meter-row meter-spend meter-ok")
     usage = ui.ok("GET", "/api/usage")

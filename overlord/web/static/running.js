@@ -22,7 +22,8 @@ const RUNNING = (() => {
   }
 
   const count = (n) => Math.round(n).toLocaleString("en-US");
-  const usd = (n) => `$${n < 1 && n > 0 ? n.toFixed(4) : n.toFixed(2)}`;
+  const usd = (n) => `$${n < 0.01 && n > 0 ? n.toFixed(4) : n.toFixed(2)}`;      /* the meter's */
+  const usdFine = (n) => `$${n < 1 && n > 0 ? n.toFixed(4) : n.toFixed(2)}`;     /* a session's (as the CLI) */
 
   /* how much is left, in a class and in words */
   function level(left, limit) {
@@ -90,6 +91,14 @@ const RUNNING = (() => {
       retry !== null ? h("p", {class: "meter-retry meter-red"}, `Told to wait: retry after ${retry} s`) : null);
   }
 
+  /* where a budget line comes from (cost.budget_lines' source), in words */
+  function sourceWords(source) {
+    if (!source || source === "config") return "the machine's budget (overlord cost budget)";
+    const m = /^account: (.+)$/.exec(source);
+    if (m) return `the account ${m[1]} (overlord users budget ${m[1]})`;
+    return source;
+  }
+
   /* the ledger's spend today / this month against its line (and where the line comes from) */
   function spendRow(key, label, line) {
     line = line || {};
@@ -105,7 +114,7 @@ const RUNNING = (() => {
     const left = Math.max(0, limit - spent);
     const {cls, words} = level(limit - spent, limit);
     row.classList.add(cls);
-    const source = line.source ? `the ${key}_usd line of ${usd(limit)} comes from ${line.source}` : `the ${key}_usd line`;
+    const source = `the ${key}_usd line of ${usd(limit)} is set by ${sourceWords(line.source)}`;
     row.title = source;
     const text = `${usd(left)} of ${usd(limit)} left (${usd(spent)} spent)${words ? ` \u2014 ${words}` : ""}`;
     row.append(h("span", {class: "meter-label"}, label), h("span", {class: "meter-text"}, text),
@@ -162,7 +171,7 @@ const RUNNING = (() => {
     const unpriced = (cost.unpriced || []).filter(Boolean);
     const calls = num(cost.calls);
     const parts = [`${count(tokens)} token${tokens === 1 ? "" : "s"}`];
-    if (dollars !== null && (dollars > 0 || !unpriced.length)) parts.push(usd(dollars));
+    if (dollars !== null && (dollars > 0 || !unpriced.length)) parts.push(usdFine(dollars));
     if (unpriced.length) parts.push(`unpriced: ${unpriced.join(", ")}`);
     if (calls) parts.push(`${calls} model call${calls === 1 ? "" : "s"}`);
     return parts.join(" \u00b7 ");
