@@ -6,7 +6,16 @@ One turn is one model call. Its reply ends in a normalized stop reason (provider
   max_tokens   cut off: its tool calls never run -> done max_tokens
   refusal      declined: its tool calls never run -> done refusal
 and the run also ends with max_turns (this run's budget of calls), cancelled (Ctrl-C), limit
-(the session crossed its disk grant) or error (a provider call that failed for good).
+(the session crossed its disk grant), budget (a cost line -- session_tokens, session_usd,
+day_usd, month_usd -- was reached: trust/cost.py) or error (a provider call that failed for
+good, or a call the cost ledger could not record).
+
+Cost: with a meter (trust/cost.Meter), every provider call -- each turn, each compaction
+note -- is checked against the budget lines BEFORE it is made and charged to the ledger
+after it returns. A stop ends the run with done reason "budget", a `budget` transcript event
+{key, limit, spent, source, kind, message} and the audit act `budget.stop`; nothing is
+called, and the work so far stays in the transaction. The `done` event carries `cost`, the
+session's running total (meter.total()).
 
 Every step is a transcript event, written before the next step starts; the conversation the
 model sees is the transcript replayed (transcript.apply), so a resume continues exactly here.
@@ -21,15 +30,44 @@ from overlord.agent.cancel import Cancelled
 from overlord.agent.providers.base import ProviderError
 from overlord.agent.transcript import request_digest, result, unanswered
 from overlord.errors import OverlordError
+from overlord.trust import audit
 
-DONE_REASONS = ("end_turn", "max_turns", "max_tokens", "refusal", "cancelled", "limit", "error")
+DONE_REASONS = ("end_turn", "max_turns", "max_tokens", "refusal", "cancelled", "limit", "budget",
+                "error")
 DEFAULT_MAX_TURNS = 50
 NOT_RUN = {
     "max_tokens": "Not run: the reply was cut off at max_tokens, so its tool calls were not executed.",
     "refusal": "Not run: the reply was declined by a safety classifier, so its tool calls were not executed.",
     "cancelled": "Not run: the operator cancelled the run (Ctrl-C) before this call.",
     "limit": "Not run: the session crossed its disk grant and can run nothing more.",
+    "budget": "Not run: the run stopped at a cost budget line before this call.",
 }
+
+
+def check_budget(meter, kind, emit):
+    """Before a provider call: None (go on), or the budget stop as a dict {key, limit, spent,
+    source, kind, message} -- recorded with emit("budget", **stop) (the transcript's or the
+    review record's) and audited as `budget.stop`. No meter: never a stop."""
+    if meter is None:
+        return None
+    stop = meter.check(kind)
+    if stop is None:
+        return None
+    said = {"key": stop.key, "limit": stop.limit, "spent": stop.spent, "source": stop.source,
+            "kind": kind, "message": stop.message}
+    emit("budget", **said)
+    audit.append("budget.stop", sid=meter.sid, target=meter.target, key=stop.key,
+                 limit=stop.limit, spent=stop.spent, source=stop.source, kind=kind)
+    return said
+
+
+def charge(meter, kind, endpoint, reply):
+    """After a provider call: its ledger line (None without a meter). The model is the one
+    the reply names, else the endpoint's; OverlordError/OSError when the ledger cannot be
+    written (the caller stops: a call it cannot count is one no budget would see)."""
+    if meter is None:
+        return None
+    return meter.charge(kind, endpoint.provider, reply.model or endpoint.model, reply.usage or {})
 
 
 @dataclasses.dataclass
@@ -38,22 +76,26 @@ class Done:
     turns: int
     usage: dict
     message: str = None
+    cost: dict = None         # the session's running total (meter.total()), None without a meter
+    budget: dict = None       # the budget stop (check_budget's dict) when reason is "budget"
 
 
 class Loop:
     """provider: a module with complete(); toolbox: tools.Toolbox; record: transcript.Transcript;
     cancel: cancel.Cancel; limit_crossed(): whether the session crossed a grant;
-    touched(layer): the paths a savepoint changed."""
+    touched(layer): the paths a savepoint changed; meter: trust/cost.Meter (None: no budget,
+    no ledger)."""
 
     def __init__(self, provider, endpoint, toolbox, record, cancel, max_turns=None,
                  context_window=None, on_delta=None, limit_crossed=lambda: False,
-                 touched=lambda layer: [], connectors=None):
+                 touched=lambda layer: [], connectors=None, meter=None):
         self.provider, self.endpoint, self.toolbox, self.record = provider, endpoint, toolbox, record
         self.connectors = connectors      # ops.connectors.Hands: the tools outside the sandbox
         self.cancel, self.max_turns = cancel, max_turns or DEFAULT_MAX_TURNS
         self.window = context_window or compaction.DEFAULT_WINDOW
         self.on_delta, self.limit_crossed, self.touched = on_delta, limit_crossed, touched
         self.usage, self.turns = {}, 0
+        self.meter, self.budget = meter, None
 
     @property
     def conv(self):
@@ -65,8 +107,43 @@ class Loop:
         except Cancelled:
             reason, message = "cancelled", None
         self._answer_all(NOT_RUN.get(reason, "Not run: the run stopped before this call."))
-        self.record.record("done", reason=reason, turns=self.turns, usage=self.usage, message=message)
-        return Done(reason, self.turns, self.usage, message)
+        cost = self._total()
+        extra = {"budget": self.budget} if self.budget else {}
+        self.record.record("done", reason=reason, turns=self.turns, usage=self.usage, message=message,
+                           cost=cost, **extra)
+        return Done(reason, self.turns, self.usage, message, cost, self.budget)
+
+    def _total(self):
+        if self.meter is None:
+            return None
+        try:
+            return self.meter.total()
+        except (OverlordError, OSError):
+            return None
+
+    def _check(self, kind):
+        """("budget", message) when the budget stops this call, ("error", message) when the
+        lines cannot be read (a damaged cost.json: refused, never guessed), else None."""
+        try:
+            stop = check_budget(self.meter, kind, self.record.record)
+        except OverlordError as exc:
+            message = f"the cost budget could not be checked before the {kind} call: {exc}"
+            self.record.record("error", turn=self.conv.turn, message=message)
+            return "error", message
+        if stop is None:
+            return None
+        self.budget = stop
+        return "budget", stop["message"]
+
+    def _charge(self, kind, reply):
+        """("error", message) when the ledger could not record the call, else None."""
+        try:
+            charge(self.meter, kind, self.endpoint, reply)
+        except (OverlordError, OSError) as exc:
+            message = f"the cost ledger could not record the {kind} call: {exc}"
+            self.record.record("error", turn=self.conv.turn, message=message)
+            return "error", message
+        return None
 
     def _turns(self):
         while True:
@@ -75,12 +152,20 @@ class Loop:
             if self.turns >= self.max_turns:
                 return "max_turns", f"stopped after {self.turns} turns (--max-turns)"
             if compaction.due(self.conv.context_tokens, self.window):
-                self._compact()
+                stopped = self._compact()
+                if stopped:
+                    return stopped
+            stopped = self._check("turn")
+            if stopped:
+                return stopped
             try:
                 reply = self._call()
             except ProviderError as exc:
                 self.record.record("error", turn=self.conv.turn, message=str(exc))
                 return "error", str(exc)
+            stopped = self._charge("turn", reply)
+            if stopped:
+                return stopped
             if reply.stop_reason in ("max_tokens", "refusal"):
                 self._answer_all(NOT_RUN[reply.stop_reason])
                 return reply.stop_reason, None
@@ -196,10 +281,15 @@ class Loop:
                                truncated=False, timed_out=False, cancelled=False, ms=0, not_run=True)
 
     def _compact(self):
+        """Write the handover note and cut; (done reason, message) when the run must stop
+        instead (the budget refuses the note's call), else None."""
         conv = self.conv
         parts = compaction.split(conv.messages)
         if parts is None:
-            return
+            return None
+        stopped = self._check("compaction")
+        if stopped:
+            return stopped
         dropped, kept = parts
         ask = conv.messages + [{"role": "user", "content": compaction.REQUEST}]
         tokens = conv.context_tokens
@@ -209,9 +299,10 @@ class Loop:
                                                on_headers=self._headers, cancel=self.cancel)
                 note, usage = reply.text, reply.usage
             except ProviderError as exc:
-                note, usage = "", {"error": str(exc)}
+                note, usage, reply = "", {"error": str(exc)}, None
         self._count(usage)
         note = note.strip() or compaction.fallback_note(dropped)
         self.record.record("compaction", message=compaction.handover_message(conv.task, note, dropped),
                            kept=len(kept), dropped=len(dropped), tokens=tokens, window=self.window,
                            note=note, usage=usage)
+        return self._charge("compaction", reply) if reply is not None else None

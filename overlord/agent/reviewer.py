@@ -18,6 +18,11 @@ reads files and also gives a verdict has its verdict sent back (it decided befor
 it asked for). At most MAX_TURNS model calls; none with a verdict -> "no-verdict" (so does a
 provider failure, or a refusal).
 
+Cost: with a meter (trust/cost.Meter for the reviewed session, its account the owner who
+asked), every review call is checked against the budget lines before it is made (kind
+"review") and charged to the ledger after; a stop is a `budget` event in the record, the
+audit act `budget.stop`, and the outcome "no-verdict" with a reason naming the budget.
+
 Every event goes to `review.jsonl` in the session directory, each line carrying the review's
 number: start (the reviewer, the fingerprint, the dossier whole), request (a digest of what
 was sent), assistant, tool_result, error, verdict.
@@ -31,7 +36,9 @@ import stat
 import time
 
 from overlord.agent import transcript as T
+from overlord.agent.loop import charge, check_budget
 from overlord.agent.providers.base import ProviderError
+from overlord.errors import OverlordError
 from overlord.text import escape_block, escape_path
 from overlord.trust import gate
 from overlord.txn import changes as C
@@ -112,6 +119,8 @@ class Outcome:
     read: list                 # paths read whole during the review
     turns: int
     usage: dict
+    budget: dict = None        # the budget stop (loop.check_budget's dict), when one ended it
+    cost: dict = None          # this review's own calls: {calls, tokens, usd, unpriced}
 
 
 class Refused(Exception):
@@ -320,7 +329,7 @@ class Record:
     def __init__(self, path, number, on_event=None):
         self.path, self.number, self.on_event = path, number, on_event
 
-    def __call__(self, kind, **fields):
+    def __call__(self, kind, /, **fields):
         event = {"review": self.number, "type": kind, "at": round(time.time(), 3), **fields}
         store.append_jsonl(self.path, [event])
         if self.on_event:
@@ -332,10 +341,11 @@ class Record:
 
 class Review:
     def __init__(self, provider, endpoint, view, dossier, record, max_turns=MAX_TURNS,
-                 on_headers=None):
+                 on_headers=None, meter=None):
         self.provider, self.endpoint, self.view = provider, endpoint, view
         self.dossier, self.record, self.max_turns = dossier, record, max_turns
-        self.on_headers = on_headers
+        self.on_headers, self.meter, self.budget = on_headers, meter, None
+        self.cost = {"calls": 0, "tokens": 0, "usd": 0.0, "unpriced": []}
         self.system = system_prompt(dossier.nonce, max_turns)
         self.messages = [{"role": "user", "content": dossier.text}]
         self.turns, self.usage = 0, {}
@@ -344,12 +354,28 @@ class Review:
 
     def run(self):
         while self.turns < self.max_turns:
+            try:
+                stop = check_budget(self.meter, "review", self.record)
+            except OverlordError as exc:
+                message = f"the cost budget could not be checked before a review call: {exc}"
+                self.record("error", turn=self.turns, message=message)
+                return self._outcome("no-verdict", message)
+            if stop is not None:
+                self.budget = stop
+                return self._outcome("no-verdict", f"stopped by the cost budget before review "
+                                     f"call {self.turns + 1}: {stop['message']}")
             self.turns += 1
             try:
                 reply = self._call()
             except ProviderError as exc:
                 self.record("error", turn=self.turns, message=str(exc))
                 return self._outcome("no-verdict", f"the reviewer's provider failed: {exc}")
+            try:
+                self._charge(charge(self.meter, "review", self.endpoint, reply))
+            except (OverlordError, OSError) as exc:
+                message = f"the cost ledger could not record the review call: {exc}"
+                self.record("error", turn=self.turns, message=message)
+                return self._outcome("no-verdict", message)
             calls = reply.tool_calls
             if reply.stop_reason == "refusal":
                 return self._outcome("no-verdict", "the reviewer model declined to review "
@@ -366,6 +392,20 @@ class Review:
             if verdict is not None:
                 return verdict
         return self._outcome("no-verdict", f"no verdict after {self.max_turns} turns")
+
+    def _charge(self, line):
+        """Add a ledger line to this review's own cost."""
+        if not line:
+            return
+        c = self.cost
+        c["calls"] += 1
+        c["tokens"] += sum(int(line.get(k) or 0) for k in (
+            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"))
+        if line.get("usd") is not None:
+            c["usd"] = round(c["usd"] + line["usd"], 10)
+        model = line.get("model")
+        if not line.get("priced") and isinstance(model, str) and model not in c["unpriced"]:
+            c["unpriced"] = sorted(c["unpriced"] + [model])
 
     def _call(self):
         self.record("request", turn=self.turns, messages=len(self.messages),
@@ -470,7 +510,8 @@ class Review:
         return sorted(out)
 
     def _outcome(self, verdict, reason, paths=()):
-        return Outcome(verdict, reason, list(paths), self.read_whole(), self.turns, self.usage)
+        return Outcome(verdict, reason, list(paths), self.read_whole(), self.turns, self.usage,
+                       self.budget, dict(self.cost) if self.meter is not None else None)
 
 
 def _check_verdict(name, args):

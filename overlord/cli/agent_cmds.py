@@ -35,8 +35,11 @@ def add_parsers(sub):
         description="Run a model whose tools (list_dir, read_file, write_file, edit_file, search, "
         "shell) execute inside a transactional session: jailed and offline by default, each "
         "writing call its own savepoint stamped with its turn and call. Replies stream live. "
-        "Nothing reaches the real tree until you commit. Prints 'session SID' at the end; "
-        "exits 0 when the model finished its turn, 130 when cancelled (Ctrl-C), 1 otherwise.")
+        "Nothing reaches the real tree until you commit. Every model call is checked against "
+        "the cost budget lines first and written to OVERLORD_HOME/ledger.jsonl after "
+        "(docs/COST.md); a line reached stops the run with reason `budget`, the work so far "
+        "pending. Prints 'session SID' and a 'cost:' line at the end; exits 0 when the model "
+        "finished its turn, 130 when cancelled (Ctrl-C), 1 otherwise.")
     a.add_argument("task", nargs="?", help="what to do ('-' reads it from stdin); with --audit, "
                    "an optional focus")
     a.add_argument("-t", "--target", metavar="DIR", help="the project to work on (default: .)")
@@ -54,7 +57,7 @@ def add_parsers(sub):
     a.add_argument("--backend", choices=("kernel", "fuse"), help="force a backend")
     a.add_argument("--stack", action="store_true", help="open even though another session is pending here")
     a.add_argument("--json", action="store_true", help="at the end, one JSON line (sid, state, "
-                   "exit_code, reason, changes, ...) instead of the session line")
+                   "exit_code, reason, changes, cost, budget, ...) instead of the session line")
     a.add_argument("--audit", action="store_true", help="the containment-audit preset: an "
                    "authorized, scoped audit of its own jail (needs the jail)")
     a.add_argument("--connector", action="append", default=[], metavar="NAME",
@@ -81,7 +84,8 @@ def add_parsers(sub):
         "resume", help="continue an agent session, with a note as the next user turn",
         description="Reopen an agent session on its surviving savepoints (after a rewind too), "
         "rebuild the conversation exactly as the model saw it, deliver the note and continue "
-        "with the same model and settings.")
+        "with the same model and settings. After a `budget` stop, raise the line (`overlord "
+        "cost budget`, `overlord users budget`, the folder's policy) and resume.")
     r.add_argument("sid", metavar="SID", help=R.SID_HELP)
     r.add_argument("--note", metavar="TEXT", help="what to tell the model")
     r.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls")
@@ -312,12 +316,37 @@ def _finish(result, as_json=False):
         from overlord.cli.main import print_session_json
         print_session_json(result.sid, "pending", result.changes, exit_code=EXIT.get(result.reason, 1),
                            reason=result.reason, turns=result.turns, usage=result.usage,
-                           message=result.message)
+                           message=result.message, cost=result.cost, budget=result.budget)
         return EXIT.get(result.reason, 1)
-    why = f" ({R.escape_text(result.message)})" if result.message and result.reason != "error" else ""
+    why = f" ({R.escape_text(result.message)})" if result.message and result.reason not in (
+        "error", "budget") else ""
     print(f"session {result.sid}  pending  {R.summarize(result.changes)}; done {result.reason}{why} "
           f"after {result.turns} turn{'' if result.turns == 1 else 's'}", flush=True)
+    if result.cost is not None:
+        print(cost_line(result.cost), flush=True)
+    if result.budget:
+        print(budget_line(result.budget), flush=True)
     return EXIT.get(result.reason, 1)
+
+
+def cost_line(cost):
+    """`cost: 12,345 tokens, $0.0421`, or `... tokens (unpriced: MODEL)` for calls the price
+    table does not know (counted in tokens only); both when some calls were priced."""
+    tokens = int(cost.get("tokens") or 0)
+    unpriced = [R.escape_text(str(m)) for m in cost.get("unpriced") or ()]
+    usd = cost.get("usd")
+    priced = usd is not None and (usd > 0 or not unpriced)
+    line = f"cost: {tokens:,} token{'' if tokens == 1 else 's'}"
+    if priced:
+        line += f", ${usd:,.2f}" if abs(usd) >= 1 else f", ${usd:.4f}"
+    if unpriced:
+        line += f" (unpriced: {', '.join(unpriced)})"
+    return line
+
+
+def budget_line(stop):
+    """`budget: stopped — <the line, its source, what was spent>`."""
+    return f"budget: stopped \u2014 {R.escape_text(str(stop.get('message')))}"
 
 
 def cmd_agent(args):
@@ -417,11 +446,16 @@ def _transcript_line(ev):
         return f"{at}  {_memory_skill_line(ev)}"
     if kind in ("connectors", "approval", "connector_error"):
         return at + _connector_line(ev).lstrip()
+    if kind == "budget":
+        return (f"budget: stopped before a {R.escape_text(str(ev.get('kind')))} call \u2014 "
+                f"{R.escape_text(str(ev.get('message')))}")
     if kind == "done":
         u = ev.get("usage") or {}
-        why = f" ({R.escape_text(str(ev['message']))})" if ev.get("message") else ""
+        why = f" ({R.escape_text(str(ev['message']))})" if ev.get("message") and \
+            ev.get("reason") != "budget" else ""
+        spent = f"; session {cost_line(ev['cost'])}" if ev.get("cost") else ""
         return (f"done {R.escape_text(str(ev['reason']))}{why}: {ev.get('turns', 0)} turns, "
-                f"{u.get('input_tokens', 0)} input / {u.get('output_tokens', 0)} output tokens")
+                f"{u.get('input_tokens', 0)} input / {u.get('output_tokens', 0)} output tokens{spent}")
     return None
 
 

@@ -12,7 +12,7 @@ import types
 
 _EXPORTS = {
     "audit": ("audit_checkpoint", "audit_key", "audit_show", "audit_status", "audit_verify", "audit_witness", "audit_witness_serve"),
-    "agent": ("AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "transcript"),
+    "agent": ("AgentResult", "agent", "keys_list", "keys_set", "models", "resume", "session_cost", "transcript"),
     "cancel": ("Cancel", "Cancelled"),
     "connectors": ("ApprovalRequest", "Decision", "approval_mode", "connector_list", "external_actions"),
     "countersign": ("Standing", "review", "reviews", "standing"),

@@ -9,6 +9,13 @@ so a resume calls the same model the same way.
 A session started for an account (issue 15) records its `owner` (meta "owner", None for the
 CLI) in the same save as the agent settings: its keys are that account's first (agent/keys.py),
 its notes that account's (agent/memory.py), on the first run and on every resume.
+
+Cost: every run (first and resumed) has a meter (trust/cost.Meter(sid, target, owner)): each
+model call checked against the budget lines before it is made and charged to the ledger after
+(agent/loop.py); a stop is the done reason "budget". AgentResult carries the session's
+running total (`cost`) and the stop (`budget`). A run that leaves the session pending with
+changes is the audit act `session.needs_review` (by "agent", the number of changes, the done
+reason): webhooks tell a person that work waits for them.
 """
 import contextlib
 import dataclasses
@@ -30,7 +37,7 @@ from overlord.trust.protect import own_source
 from overlord.txn import store
 from overlord.ops.execute import command_cwd, exec_capture, run
 from overlord.ops.grants import resolve_target, validate_grants
-from overlord.trust import policy
+from overlord.trust import audit, cost, policy
 from overlord.ops.decide import rollback
 from overlord.ops.review import get_session
 from overlord.ops import connectors as hands_ops
@@ -50,7 +57,9 @@ class AgentResult:
     turns: int
     usage: dict
     changes: list          # the session's plan: what commit would do
-    message: str = None    # what went wrong, for error / max_turns
+    message: str = None    # what went wrong, for error / max_turns / budget
+    cost: dict = None      # the session's running total (trust/cost.session_total's shape)
+    budget: dict = None    # the budget stop {key, limit, spent, source, kind, message}, or None
 
 
 # -- endpoints ---------------------------------------------------------------------------------
@@ -293,13 +302,27 @@ def _drive(session, ep, record, max_turns, context_window, on_delta, cancel, han
     sid = session.sid
 
     toolbox = _toolbox(session, record, cancel)
+    meter = cost.Meter(sid, session.target, session.meta.get("owner"))
     loop = Loop(providers.get(ep.provider), ep, toolbox, record, cancel, max_turns=max_turns,
                 context_window=context_window, on_delta=on_delta,
                 limit_crossed=lambda: bool(store.load_meta(sid).get("limit")),
-                touched=lambda layer: _touched(session, layer), connectors=hands)
+                touched=lambda layer: _touched(session, layer), connectors=hands, meter=meter)
     with cancel.signals():
         done = loop.run()
-    return AgentResult(sid, done.reason, done.turns, done.usage, get_session(sid).plan(), done.message)
+    after = get_session(sid)
+    plan = after.plan()
+    if after.meta.get("state") in store.OPEN_STATES and plan:
+        audit.append("session.needs_review", sid=sid, target=after.target, by="agent",
+                     changes=len(plan), reason=done.reason)
+    return AgentResult(sid, done.reason, done.turns, done.usage, plan, done.message,
+                       done.cost, done.budget)
+
+
+def session_cost(sid):
+    """The session's running cost total (trust/cost.session_total: calls, tokens, usd,
+    unpriced models ...), zeros when nothing was charged to it."""
+    get_session(sid)                 # an unknown session is NotFound, not zeros
+    return cost.session_total(sid)
 
 
 def _toolbox(session, record, cancel):

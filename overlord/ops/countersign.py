@@ -10,6 +10,12 @@ under the target lock (no command seals a savepoint in between), serves read_fil
 same view, and records the verdict on session.meta["reviews"] and as the audit act
 `review.verdict`. A command that writes during the review makes the verdict stale at once: it
 is bound to the fingerprint of what the reviewer was shown.
+
+Every review call is on the cost ledger (kind "review", the reviewed session's sid, the
+account of the owner who asked) and checked against the budget lines before it is made
+(trust/cost.Meter, agent/reviewer.py): a stop is the verdict "no-verdict" with a reason
+naming the line, a `budget` event in review.jsonl and `budget` on the verdict's record. The
+verdict carries `cost`: that review's own calls.
 """
 import contextlib
 import dataclasses
@@ -26,7 +32,7 @@ from overlord.ops import patch
 from overlord.ops.agent import _recordable, _served_model, endpoint
 from overlord.ops.grants import require_target
 from overlord.ops.review import describe, get_session
-from overlord.trust import audit, gate, policy
+from overlord.trust import audit, cost, gate, policy
 from overlord.trust import verdict as V
 from overlord.txn import changes as C
 from overlord.txn import history, locks, store
@@ -142,13 +148,17 @@ def review(sid, *, provider=None, model=None, base_url=None, headers=None, knobs
                endpoint=_recordable(ep))
         try:
             outcome = RV.Review(providers.get(ep.provider), ep, RV.View(target, view), dossier,
-                                record, on_headers=ratelimit.record).run()
+                                record, on_headers=ratelimit.record,
+                                meter=cost.Meter(sid, target, owner)).run()
         except BaseException as exc:
             record("aborted", why=type(exc).__name__)
             raise
         verdict = V.record(number, outcome.verdict, outcome.reason, outcome.paths, fingerprint,
                            selection, dossier.unseen, outcome.read, reviewer, agent,
                            reviewer == agent, outcome.turns)
+        verdict["cost"] = outcome.cost
+        if outcome.budget:
+            verdict["budget"] = outcome.budget
         record("verdict", verdict=verdict, usage=outcome.usage)
         # on the chain first: the session's record of a verdict counts only with its signed
         # line (standing() reads that line back), so an edit of meta.json countersigns nothing

@@ -150,7 +150,8 @@ def dossier(app, sid, store=None):
     the plan; once committed, of what the commit kept), the content gate's findings (`checks`,
     while staged), every second-model verdict (`reviews`, each `fresh` or not) and the review
     under way (`reviewing`). After a partial commit, `changes` is what was committed and
-    `dropped` what the commit left out (never offered to blame: it is not in the folder)."""
+    `dropped` what the commit left out (never offered to blame: it is not in the folder).
+    `cost`: the session's running total (agent turns, compactions, reviews: docs/COST.md)."""
     meta = ops.get_session(sid).meta
     records = ops.log(sid)
     staged = meta.get("state") in OPEN_STATES
@@ -185,7 +186,17 @@ def dossier(app, sid, store=None):
         "countersign": _countersign(store or app.settings, meta),
         "external": _external(sid),
         "git": _git(sid, changes if staged else None),
+        "cost": _cost(sid),
     }
+
+
+def _cost(sid):
+    """The session's running cost total (ops.session_cost: calls, tokens, usd, unpriced), or
+    None when the ledger's totals cannot be read."""
+    try:
+        return ops.session_cost(sid)
+    except (OverlordError, OSError, ValueError):
+        return None
 
 
 def _git(sid, changes):
