@@ -126,7 +126,7 @@ class Loop:
         lines cannot be read (a damaged cost.json: refused, never guessed), else None."""
         try:
             stop = check_budget(self.meter, kind, self.record.record)
-        except OverlordError as exc:
+        except (OverlordError, OSError) as exc:
             message = f"the cost budget could not be checked before the {kind} call: {exc}"
             self.record.record("error", turn=self.conv.turn, message=message)
             return "error", message

@@ -356,7 +356,7 @@ class Review:
         while self.turns < self.max_turns:
             try:
                 stop = check_budget(self.meter, "review", self.record)
-            except OverlordError as exc:
+            except (OverlordError, OSError) as exc:
                 message = f"the cost budget could not be checked before a review call: {exc}"
                 self.record("error", turn=self.turns, message=message)
                 return self._outcome("no-verdict", message)
