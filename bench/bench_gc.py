@@ -10,13 +10,15 @@ object names made unique per copy so no two records share objects), with states 
 over committed / rolled-back / unchanged and close times spread over the last 60 days: about
 half are past the 30-day default and the newest 10 committed are kept. Timed: the whole
 `overlord gc --dry-run --json` process (interpreter start, recovery, plan, JSON out), best and
-median of --runs. Figures: docs/PERFORMANCE.md.
+median of --runs, and its CPU time (user + system: what a busy machine's load does
+not inflate). Figures: docs/PERFORMANCE.md.
 """
 import argparse
 import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -118,14 +120,19 @@ def main():
         t0 = time.perf_counter()
         populate(home, a.sessions, seed)
         made = time.perf_counter() - t0
-        times, report = [], None
+        times, cpu, report = [], [], None
         for _ in range(a.runs):
             t = time.perf_counter()
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             report = json.loads(cli(home, "gc", "--dry-run", "--json").stdout)
             times.append(time.perf_counter() - t)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
         result = {"sessions": a.sessions, "made_s": round(made, 2),
                   "dry_run_best_s": round(min(times), 3),
                   "dry_run_median_s": round(statistics.median(times), 3),
+                  "dry_run_cpu_median_s": round(statistics.median(cpu), 3),
+                  "load_average": os.getloadavg()[0],
                   "would_remove": report["counts"], "bytes": report["bytes"]["total"],
                   "kept": report["kept"], "target_s": 5.0,
                   "ok": statistics.median(times) <= 5.0}
@@ -133,8 +140,9 @@ def main():
             print(json.dumps(result, indent=2))
         else:
             print(f"gc --dry-run over {a.sessions} finished sessions: median "
-                  f"{result['dry_run_median_s']} s, best {result['dry_run_best_s']} s "
-                  f"(target <= 5 s: {'ok' if result['ok'] else 'OVER'})")
+                  f"{result['dry_run_median_s']} s, best {result['dry_run_best_s']} s, "
+                  f"cpu {result['dry_run_cpu_median_s']} s (load {result['load_average']:.1f}; "
+                  f"target <= 5 s: {'ok' if result['ok'] else 'OVER'})")
             print(f"  would remove {report['counts']['sessions']} sessions, "
                   f"{report['counts']['objects']} objects, {report['counts']['packs']} packs "
                   f"({report['bytes']['total']} bytes); kept {report['kept']}")

@@ -203,33 +203,26 @@ def _read_meta(sid):
     return meta if isinstance(meta, dict) else None
 
 
+SHA_RE = re.compile(rb"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+
+
 def referenced(sids):
-    """Every object sha the records of `sids` name: their committed.json states (before and
-    after) and their provenance (before, after, the base fingerprint) — what blame, revert
-    and the kept diff read."""
+    """Every object sha the records of `sids` may name: any 64-hex-digit word of their
+    committed.json (the before/after `sha` of each path) and provenance.jsonl (before, after,
+    the base fingerprint) — what blame, revert and the kept diff read. Taken as words, not
+    parsed: a damaged line still counts, and a hash that names no object (a seal, an
+    attestation digest) only keeps what nothing else would."""
     refs = set()
     root = store.sessions_dir()
     for sid in sids:
         d = os.path.join(root, sid)
-        record = _load(os.path.join(d, "committed.json"))
-        if isinstance(record, dict) and isinstance(record.get("paths"), dict):
-            for state in record["paths"].values():
-                if isinstance(state, dict):
-                    for side in (state.get("before"), state.get("after")):
-                        if isinstance(side, dict) and isinstance(side.get("sha"), str):
-                            refs.add(side["sha"])
-        try:
-            with open(os.path.join(d, "provenance.jsonl"), "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        for rec in store.parse_jsonl(data):
-            for k in ("before", "after"):
-                if isinstance(rec.get(k), str):
-                    refs.add(rec[k])
-            base = rec.get("base")
-            if isinstance(base, dict) and isinstance(base.get("sha256"), str):
-                refs.add(base["sha256"])
+        for name in ("committed.json", "provenance.jsonl"):
+            try:
+                with open(os.path.join(d, name), "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            refs.update(m.decode() for m in SHA_RE.findall(data))
     return refs
 
 
@@ -493,10 +486,10 @@ def _plan_packs(p, d, refs, states):
         if f"{stem}.idx" in names:
             if stem in kept:
                 continue              # its own record names what it holds (its "after"s)
-            index = _load(os.path.join(d, f"{stem}.idx"))
-            if not isinstance(index, dict):
+            index = _index_shas(os.path.join(d, f"{stem}.idx"))
+            if not index:
                 continue              # an index we cannot read: never guessed at
-            if refs.intersection(index):
+            if not refs.isdisjoint(index):
                 continue
             why = "unreferenced"
         else:
@@ -505,6 +498,17 @@ def _plan_packs(p, d, refs, states):
                 continue              # its commit may be running; a retry replaces it itself
             why = "no index"
         p.packs.append({"name": stem, "files": files, "bytes": size, "why": why})
+
+
+def _index_shas(path):
+    """The object names a pack index lists (its 64-hex keys), or None when it cannot be read
+    or lists none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return {m.decode() for m in SHA_RE.findall(data)} or None
 
 
 def _plan_cgroups(p, states, going):
@@ -522,22 +526,20 @@ def _plan_cgroups(p, states, going):
         parents, prefix = [base], "overlord-"
     else:
         return
+    # only this home's own records: the cgroup tree is the machine's, shared by every
+    # OVERLORD_HOME on it
+    ours = {prefix + sid for sid, state in states.items() if state in FINISHED}
+    ours.update(prefix + sid for sid in going)
     for parent in parents:
         try:
-            names = sorted(os.listdir(parent))
+            names = os.listdir(parent)
         except OSError:
             continue
-        for n in names:
-            if not n.startswith(prefix) or not store.SID_RE.match(n[len(prefix):]):
-                continue
-            sid = n[len(prefix):]
-            state = states.get(sid)
-            if state in FINISHED or sid in going:     # only this home's own records: the
-                # cgroup tree is the machine's, shared by every OVERLORD_HOME on it
-                path = os.path.join(parent, n)
-                st = _lstat(path)
-                if st is not None and _older(st, p):
-                    p.cgroups.append({"path": path, "sid": sid, "bytes": 0})
+        for n in sorted(ours.intersection(names)):
+            path = os.path.join(parent, n)
+            st = _lstat(path)
+            if st is not None and _older(st, p):
+                p.cgroups.append({"path": path, "sid": n[len(prefix):], "bytes": 0})
 
 
 # -- the prune -----------------------------------------------------------------------------------
@@ -715,8 +717,8 @@ def _prune_objects(p, done, skipped):
     for k in p.packs:
         srcs = [os.path.join(packs, f) for f in k["files"]]
         if k["why"] == "unreferenced":
-            index = _load(os.path.join(packs, k["name"] + ".idx"))
-            if not isinstance(index, dict) or refs.intersection(index):
+            index = _index_shas(os.path.join(packs, k["name"] + ".idx"))
+            if not index or not refs.isdisjoint(index):
                 skipped.append({"kind": "pack", "name": k["name"], "why": "named again"})
                 continue
         elif os.path.exists(os.path.join(packs, k["name"] + ".idx")):
@@ -742,7 +744,7 @@ def _prune_objects(p, done, skipped):
     refs = referenced(_all_sids())
     for kind, item, entry in moved:
         names = [item["sha"]] if kind == "objects" else \
-            list((_load(os.path.join(t, "pack-" + item["name"] + ".idx")) or {}))
+            _index_shas(os.path.join(t, "pack-" + item["name"] + ".idx")) or ()
         back = refs.intersection(names) or (
             kind == "packs" and item["why"] == "no index"
             and os.path.exists(os.path.join(packs, item["name"] + ".idx")))
