@@ -36,7 +36,6 @@ import secrets
 import shutil
 import socket
 import stat
-import tarfile
 import time
 import zlib
 
@@ -281,9 +280,43 @@ def named_objects(session):
     return sorted(s for s in shas if HEX64.match(s))
 
 
+def _retained(shas):
+    """Those of shas the object store may hold (a loose file, or an entry of a pack's index),
+    found with one listing per directory instead of a lookup per sha."""
+    root = objects.root()
+    if not shas or not os.path.isdir(root):
+        return []
+    have, loose = set(), {}
+    packs = os.path.join(root, "packs")
+    try:
+        names = [n for n in os.listdir(packs) if n.endswith(".idx")]
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        try:
+            with open(os.path.join(packs, name), encoding="utf-8") as f:
+                have.update(json.load(f))
+        except (OSError, ValueError, TypeError):
+            continue
+    out = []
+    for sha in shas:
+        if sha in have:
+            out.append(sha)
+            continue
+        d = sha[:2]
+        if d not in loose:
+            try:
+                loose[d] = set(os.listdir(os.path.join(root, d)))
+            except OSError:
+                loose[d] = set()
+        if sha[2:] in loose[d]:
+            out.append(sha)
+    return out
+
+
 def _object_members(session):
     out = []
-    for sha in named_objects(session):
+    for sha in _retained(named_objects(session)):
         data = objects.read(sha)
         if data is None:
             continue                  # not retained here either: blame says so where it lands
@@ -291,9 +324,26 @@ def _object_members(session):
     return out
 
 
+HELD_FILE, HELD_TOTAL = 1 << 20, 256 << 20      # what an export keeps in memory between passes
+
+
+def _read_file(path):
+    with C.readable(path):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        parts = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def _change_members(session, plan):
     """(members under changes/tree, changes.json's dict) from a pending session's plan."""
-    out, deleted, replaced, root_mode = [], [], [], None
+    out, deleted, replaced, root_mode, held = [], [], [], None, 0
     for ch in plan:
         entry, path = ch.entry, ch.path
         shown = escape_path(path or ".")
@@ -324,6 +374,11 @@ def _change_members(session, plan):
                                     "bundle carries no such link")
             out.append(_Member(name, "symlink", 0o777, 0,
                                hashlib.sha256(os.fsencode(link)).hexdigest(), link=link))
+        elif entry.st.st_size <= HELD_FILE and held < HELD_TOTAL:
+            data = _read_file(entry.src)           # read once: hashed now, written below
+            held += len(data)
+            out.append(_Member(name, "file", mode, len(data), hashlib.sha256(data).hexdigest(),
+                               data=data))
         else:
             sha = C.sha256_file(entry.src)
             out.append(_Member(name, "file", mode, entry.st.st_size, sha, src=entry.src))
@@ -358,16 +413,24 @@ def build(session, plan, out):
     mbytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     sig = sign(key, mbytes).encode("ascii")
     counting = _Counting(out)
-    import gzip              # (zlib, and the tar writer): only an export pays for them
-    gz = gzip.GzipFile(fileobj=counting, mode="wb", compresslevel=6, mtime=int(now))
-    try:
-        with tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            _add(tar, _Member(MANIFEST, "file", 0o600, len(mbytes), data=mbytes), now)
-            _add(tar, _Member(SIG, "file", 0o600, len(sig), data=sig), now)
-            for m in members:
-                _add(tar, m, now)
-    finally:
-        gz.close()
+    tar = TarWriter(counting, int(now))
+    tar.file(MANIFEST, 0o600, mbytes)
+    tar.file(SIG, 0o600, sig)
+    for m in members:
+        if m.type == "dir":
+            tar.dir(m.name, m.mode)
+        elif m.type == "symlink":
+            tar.symlink(m.name, m.link)
+        elif m.data is not None:
+            tar.file(m.name, m.mode, m.data)
+        else:
+            with C.readable(m.src):
+                fd = os.open(m.src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                tar.file_from(m.name, m.mode, fd, m.size)
+            finally:
+                os.close(fd)
+    tar.close()
     counting.flush()
     return {"sid": session.sid, "state": state, "members": len(members) + 2,
             "bytes": counting.n, "sha256": counting.h.hexdigest(), "key_id": fingerprint(key),
@@ -376,24 +439,259 @@ def build(session, plan, out):
              "deleted": len(changes["deleted"])}}
 
 
-def _add(tar, m, now):
-    ti = tarfile.TarInfo(m.name)
-    ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = int(now), m.mode, 0, 0, "", ""
-    if m.type == "dir":
-        ti.type = tarfile.DIRTYPE
-        tar.addfile(ti)
-    elif m.type == "symlink":
-        ti.type, ti.linkname = tarfile.SYMTYPE, m.link
-        tar.addfile(ti)
-    elif m.data is not None:
-        ti.size = len(m.data)
-        tar.addfile(ti, io.BytesIO(m.data))
-    else:
-        with C.readable(m.src):
-            fd = os.open(m.src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            ti.size = m.size
-            tar.addfile(ti, f)
+# -- tar, strictly -------------------------------------------------------------------------------
+# Our own writer and reader of the one tar dialect a bundle uses: POSIX ustar headers, with a
+# pax extended header ('x') for a name, link or size ustar cannot hold. The reader takes
+# nothing else: regular files, directories, symlinks and pax headers; every other member type
+# (hard links, devices, fifos, GNU extensions, global headers) is refused by name.
+
+BLOCK = 512
+_ZERO = bytes(BLOCK)
+KIND_FLAG = {"file": b"0", "dir": b"5", "symlink": b"2"}
+FLAG_WHAT = {b"1": "a hard link", b"3": "a character device", b"4": "a block device",
+             b"6": "a fifo", b"7": "a contiguous file", b"S": "a sparse file",
+             b"L": "a GNU long-name member", b"K": "a GNU long-link member",
+             b"g": "a global pax header", b"V": "a volume label", b"M": "a multi-volume part"}
+
+
+def _fits(text, size):
+    try:
+        raw = text.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    return raw if len(raw) <= size else None
+
+
+def _pax_record(key, value):
+    body = b" " + key.encode("ascii") + b"=" + value + b"\n"
+    n = len(body) + 1
+    while len(str(n).encode()) + len(body) != n:
+        n = len(str(n).encode()) + len(body)
+    return str(n).encode() + body
+
+
+def _ustar(name, flag, mode, size, mtime, link=b""):
+    h = bytearray(BLOCK)
+    h[0:len(name)] = name
+    h[100:108] = b"%07o\0" % mode
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = b"%011o\0" % size
+    h[136:148] = b"%011o\0" % mtime
+    h[148:156] = b" " * 8
+    h[156:157] = flag
+    h[157:157 + len(link)] = link
+    h[257:265] = b"ustar\x0000"
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+class TarWriter:
+    """Writes members to a binary file object as one gzip stream (level 6, as `tar czf`)."""
+
+    def __init__(self, out, mtime):
+        self.out, self.mtime = out, mtime
+        self.z = zlib.compressobj(6, zlib.DEFLATED, 31)
+        self.buf = bytearray()
+
+    def _put(self, data):
+        self.buf += data
+        if len(self.buf) >= 1 << 20:
+            self.out.write(self.z.compress(bytes(self.buf)))
+            self.buf.clear()
+
+    def _header(self, name, kind, mode, size, link=None):
+        pax = []
+        raw = _fits(name + ("/" if kind == "dir" else ""), 100)
+        if raw is None:
+            pax.append(_pax_record("path", name.encode("utf-8", "surrogateescape")))
+            raw = b"././@PaxPath"
+        rawlink = b""
+        if link is not None:
+            rawlink = _fits(link, 100)
+            if rawlink is None:
+                pax.append(_pax_record("linkpath", link.encode("utf-8", "surrogateescape")))
+                rawlink = b"././@PaxLink"
+        field = size
+        if size >= 8 ** 11:
+            pax.append(_pax_record("size", str(size).encode()))
+            field = 0
+        if pax:
+            data = b"".join(pax)
+            self._put(_ustar(b"././@PaxHeader", b"x", 0o644, len(data), self.mtime))
+            self._put(data + bytes(-len(data) % BLOCK))
+        self._put(_ustar(raw, KIND_FLAG[kind], mode, field, self.mtime, rawlink))
+
+    def file(self, name, mode, data):
+        self._header(name, "file", mode, len(data))
+        self._put(data)
+        self._put(bytes(-len(data) % BLOCK))
+
+    def file_from(self, name, mode, fd, size):
+        self._header(name, "file", mode, size)
+        left = size
+        while left:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                raise OverlordError(f"{escape_path(name)} shrank while it was being exported")
+            self._put(chunk)
+            left -= len(chunk)
+        self._put(bytes(-size % BLOCK))
+
+    def dir(self, name, mode):
+        self._header(name, "dir", mode, 0)
+
+    def symlink(self, name, link):
+        self._header(name, "symlink", 0o777, 0, link)
+
+    def close(self):
+        self._put(_ZERO * 2)
+        self.out.write(self.z.compress(bytes(self.buf)) + self.z.flush())
+        self.buf.clear()
+
+
+@dataclasses.dataclass
+class TarMember:
+    name: str
+    kind: str            # file | dir | symlink
+    mode: int
+    size: int
+    link: str = None
+
+
+def _octal(field, what):
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    if field[:1] in (b"\x80", b"\xff"):
+        raise Refused(f"refused: a tar header with a binary {what} field")
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise Refused(f"not a bundle: a damaged tar header ({what})") from None
+
+
+class TarReader:
+    """Reads members of the bundle dialect from a read()-able stream; next() -> TarMember or
+    None at the end, then data(n) / skip() for the member's bytes."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.buf = bytearray()
+        self.left = 0              # data bytes of the current member not read yet
+        self.pad = 0
+        self.first = True
+
+    def _exact(self, n):
+        while len(self.buf) < n:
+            chunk = self.stream.read(max(n - len(self.buf), 1 << 16))
+            if not chunk:
+                raise Refused("not a bundle: the archive is cut short")
+            self.buf += chunk
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def data(self, n):
+        n = min(n, self.left)
+        out = self._exact(n) if n else b""
+        self.left -= n
+        if not self.left and self.pad:
+            self._exact(self.pad)
+            self.pad = 0
+        return out
+
+    def skip(self):
+        while self.left:
+            self.data(1 << 20)
+
+    def next(self):
+        self.skip()
+        pax = {}
+        while True:
+            try:
+                h = self._exact(BLOCK)
+            except Refused:
+                if self.first:
+                    raise Refused("not a bundle: not a tar archive inside the gzip (empty)") from None
+                raise
+            if h == _ZERO:
+                return None
+            if h[257:262] != b"ustar":
+                raise Refused("not a bundle: not a tar archive inside the gzip"
+                              if self.first else "not a bundle: a damaged tar header")
+            stored = _octal(h[148:156], "checksum")
+            if stored != sum(h[:148]) + 256 + sum(h[156:]):
+                raise Refused("not a bundle: a tar header fails its checksum (damaged)")
+            self.first = False
+            flag = h[156:157]
+            hsize = _octal(h[124:136], "size")
+            size = pax.get("size", hsize)
+            if flag == b"x":
+                size = hsize
+                if size > 1 << 20:
+                    raise Refused("refused: a pax header over its cap")
+                self.left, self.pad = size, -size % BLOCK
+                pax.update(self._pax(self.data(size)))
+                continue
+            if flag == b"\0":
+                flag = b"0"
+            kind = {b"0": "file", b"5": "dir", b"2": "symlink"}.get(flag)
+            if kind is None:
+                what = FLAG_WHAT.get(flag, f"a member of an unknown type ({escape_text(flag.decode('latin-1'))})")
+                name = pax.get("path") or self._name(h)
+                raise Refused(f"refused: {what} in the bundle: {escape_path(name)} (only files, "
+                              "directories and symlinks)")
+            name = pax.get("path") or self._name(h)
+            if kind == "dir" and name.endswith("/"):
+                name = name[:-1]
+            link = None
+            if kind == "symlink":
+                link = pax.get("linkpath") or h[157:257].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                size = 0
+            elif kind == "dir":
+                size = 0
+            self.left, self.pad = size, -size % BLOCK
+            if not size:
+                self.pad = 0
+            return TarMember(name, kind, _octal(h[100:108], "mode") & 0o7777, size, link)
+
+    @staticmethod
+    def _name(h):
+        name = h[:100].split(b"\0", 1)[0]
+        prefix = h[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+        return name.decode("utf-8", "surrogateescape")
+
+    @staticmethod
+    def _pax(data):
+        out = {}
+        while data:
+            length, sp, rest = data.partition(b" ")
+            try:
+                n = int(length)
+            except ValueError:
+                raise Refused("refused: a damaged pax header") from None
+            if not sp or n < len(length) + 2 or n > len(data):
+                raise Refused("refused: a damaged pax header")
+            record, data = data[len(length) + 1:n], data[n:]
+            key, eq, value = record.rstrip(b"\n").partition(b"=")
+            if not eq:
+                raise Refused("refused: a damaged pax header")
+            if key == b"path":
+                out["path"] = value.decode("utf-8", "surrogateescape")
+            elif key == b"linkpath":
+                out["linkpath"] = value.decode("utf-8", "surrogateescape")
+            elif key == b"size":
+                try:
+                    out["size"] = int(value)
+                except ValueError:
+                    raise Refused("refused: a damaged pax header (size)") from None
+            elif key.startswith(b"GNU.sparse"):
+                raise Refused("refused: a sparse file in the bundle (only files, directories "
+                              "and symlinks)")
+        return out
 
 
 # -- import: reading and verifying ---------------------------------------------------------------
@@ -478,20 +776,6 @@ def _place(name):
     raise Refused(f"refused: a member outside the known names: {escape_path(name)}")
 
 
-def _member_type(ti):
-    if ti.type in (tarfile.REGTYPE, tarfile.AREGTYPE):
-        return "file"
-    if ti.type == tarfile.DIRTYPE:
-        return "dir"
-    if ti.type == tarfile.SYMTYPE:
-        return "symlink"
-    what = {tarfile.LNKTYPE: "a hard link", tarfile.CHRTYPE: "a character device",
-            tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a fifo",
-            tarfile.CONTTYPE: "a contiguous file", tarfile.GNUTYPE_SPARSE: "a sparse file"}
-    raise Refused(f"refused: {what.get(ti.type, 'a member of an unknown type')} in the bundle: "
-                  f"{escape_path(ti.name)} (only files, directories and symlinks)")
-
-
 @dataclasses.dataclass
 class Staged:
     """A verified bundle, its kept bytes in a staging directory inside OVERLORD_HOME."""
@@ -551,30 +835,23 @@ def read(path, key, require_signature=False):
 def _read(raw, sdir, key, require_signature):
     stream = _Gunzip(raw, max_total())
     member_cap = max_member()
-    seen, record, objs, tree = set(), {}, {}, []
+    seen, record, objs, tree, contents = set(), {}, {}, [], set()
     manifest = mbytes = sig = None
     verified, why, judged = False, None, False
     counter = 0
-    try:
-        tar = tarfile.open(fileobj=stream, mode="r|", format=tarfile.PAX_FORMAT)
-    except (tarfile.TarError, EOFError) as exc:
-        raise Refused(f"not a bundle: not a tar archive inside the gzip ({exc})") from None
-    except zlib.error:
-        raise Refused("not a bundle: the gzip stream is damaged") from None
+    files = os.path.join(sdir, "files")
+    os.mkdir(files, 0o700)
+    tar = TarReader(stream)
     try:
         while True:
-            try:
-                ti = tar.next()
-            except tarfile.TarError as exc:
-                raise Refused(f"not a bundle: a damaged tar archive ({exc})") from None
+            ti = tar.next()
             if ti is None:
                 break
-            name = ti.name
+            name, kind = ti.name, ti.kind
             check_name(name)
             if name in seen:
                 raise Refused(f"refused: the member {escape_path(name)} appears twice")
             seen.add(name)
-            kind = _member_type(ti)
             place = _place(name)
             if ti.size > member_cap:
                 raise Refused(f"refused: the member {escape_path(name)} is {ti.size} bytes, over "
@@ -584,7 +861,7 @@ def _read(raw, sdir, key, require_signature):
                     raise Refused("refused: the bundle does not start with its manifest.json")
                 if ti.size > MANIFEST_MAX:
                     raise Refused("refused: the manifest is over its cap")
-                mbytes = _read_all(tar, ti)
+                mbytes = tar.data(ti.size)
                 manifest = _parse_manifest(mbytes)
                 continue
             if not judged:
@@ -592,7 +869,7 @@ def _read(raw, sdir, key, require_signature):
                 if place == "sig":
                     if kind != "file" or ti.size > 200:
                         raise Refused("refused: manifest.sig is not a signature")
-                    sig = _read_all(tar, ti)
+                    sig = tar.data(ti.size)
                 verified, why = judge(manifest, mbytes, sig, key, require_signature)
                 judged = True
                 if place == "sig":
@@ -608,7 +885,7 @@ def _read(raw, sdir, key, require_signature):
             if kind == "symlink":
                 if place != "tree":
                     raise Refused(f"refused: a symlink outside changes/tree: {escape_path(name)}")
-                link = ti.linkname
+                link = ti.link
                 rel = name[len(TREE):]
                 if outside(rel, link):
                     raise Refused(f"refused: the symlink {escape_path(name)} points outside the "
@@ -619,22 +896,29 @@ def _read(raw, sdir, key, require_signature):
                                   "manifest")
                 tree.append({"path": rel, "type": "symlink", "link": link})
                 continue
-            mode = ti.mode & 0o7777
-            if entry.get("mode") != mode:
-                raise Refused(f"refused: the member {escape_path(name)} has mode {mode:04o}, the "
-                              f"manifest says another")
+            if entry.get("mode") != ti.mode:
+                raise Refused(f"refused: the member {escape_path(name)} has mode {ti.mode:04o}, "
+                              "the manifest says another")
             if kind == "dir":
                 if place != "tree":
                     raise Refused(f"refused: a directory outside changes/tree: {escape_path(name)}")
-                tree.append({"path": name[len(TREE):], "type": "dir", "mode": mode})
+                tree.append({"path": name[len(TREE):], "type": "dir", "mode": ti.mode})
                 continue
             if ti.size != entry.get("size"):
                 raise Refused(f"refused: the member {escape_path(name)} is {ti.size} bytes, the "
                               f"manifest says {escape_text(str(entry.get('size')))}")
-            counter += 1
-            staged = os.path.join(sdir, "f", str(counter))
-            sha = _stage(tar, ti, staged)
-            if sha != entry.get("sha256"):
+            want = entry.get("sha256")
+            if not isinstance(want, str) or not HEX64.match(want):
+                raise Refused(f"refused: the manifest gives {escape_path(name)} no valid sha256")
+            if place == "tree":
+                staged = os.path.join(files, want)      # content-addressed: a name we chose
+                fresh = want not in contents
+                contents.add(want)
+            else:
+                counter += 1
+                staged, fresh = os.path.join(sdir, "f", str(counter)), True
+            sha = _stage(tar, ti, staged if fresh else None)
+            if sha != want:
                 raise Refused(f"refused: the member {escape_path(name)} does not match its hash "
                               "in the manifest (altered)")
             if place == "record":
@@ -647,12 +931,10 @@ def _read(raw, sdir, key, require_signature):
             elif place == "changes":
                 record[CHANGES_JSON] = staged
             else:
-                tree.append({"path": name[len(TREE):], "type": "file", "mode": mode,
-                             "sha256": sha, "staged": staged})
+                tree.append({"path": name[len(TREE):], "type": "file", "mode": ti.mode,
+                             "sha256": sha})
     except zlib.error:
         raise Refused("not a bundle: the gzip stream is damaged") from None
-    except EOFError:
-        raise Refused("not a bundle: the archive is cut short") from None
     if manifest is None:
         raise Refused("not a bundle: no manifest.json (an empty archive)")
     if not judged:
@@ -667,29 +949,22 @@ def _read(raw, sdir, key, require_signature):
     return out
 
 
-def _read_all(tar, ti):
-    f = tar.extractfile(ti)
-    data = f.read(ti.size + 1)
-    if len(data) != ti.size:
-        raise Refused(f"not a bundle: the member {escape_path(ti.name)} is cut short")
-    return data
-
-
 def _stage(tar, ti, dest):
-    f = tar.extractfile(ti)
+    """Hash a member's bytes, writing them to dest (None: only hash: a copy is kept)."""
     h = hashlib.sha256()
-    left = ti.size
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = None if dest is None else \
+        os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
+        left = ti.size
         while left:
-            chunk = f.read(min(left, 1 << 20))
-            if not chunk:
-                raise Refused(f"not a bundle: the member {escape_path(ti.name)} is cut short")
+            chunk = tar.data(min(left, 1 << 20))
             h.update(chunk)
-            store.write_all(fd, chunk)
+            if fd is not None:
+                store.write_all(fd, chunk)
             left -= len(chunk)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     return h.hexdigest()
 
 
@@ -838,19 +1113,9 @@ def land(staged, owner=None):
         with open(os.path.join(idir, SIG), "wb") as f:
             f.write(staged.sig)
     if staged.changes is not None:
-        fdir = os.path.join(idir, "files")
-        os.mkdir(fdir, 0o700)
-        tree = []
-        for t in staged.tree:
-            t = dict(t)
-            src = t.pop("staged", None)
-            if src is not None:
-                dest = os.path.join(fdir, t["sha256"])
-                if not os.path.exists(dest):
-                    os.rename(src, dest)
-            tree.append(t)
+        os.rename(os.path.join(staged.dir, "files"), os.path.join(idir, "files"))
         store.write_json_atomic(os.path.join(idir, "changes.json"),
-                                dict(staged.changes, tree=tree))
+                                dict(staged.changes, tree=staged.tree))
     store.write_json_atomic(os.path.join(sdir, "meta.json"), meta)
     keep_objects(staged, sid)
     try:

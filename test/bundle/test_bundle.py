@@ -32,6 +32,9 @@ rm -r flop; echo now-a-file > flop
 rm tolink; ln -s hello.txt tolink
 mkdir ro; echo r > ro/r.txt; chmod 555 ro
 echo spaced > 'with space é.txt'
+echo odd > "$(printf 'bad\377byte')"
+long=$(printf 'n%.0s' $(seq 1 150)); mkdir -p "deep/$long"; echo far > "deep/$long/$long.txt"
+ln -s "$long/$long.txt" deep/longlink
 """
 
 
