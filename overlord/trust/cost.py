@@ -39,13 +39,16 @@ component with tokens but no rate leaves the call priced in part: "usd" is what 
 the components. A model with no price at all: "usd" null, "priced" false. Either way the
 session's "unpriced" lists the model, and tokens are always counted.
 """
+import copy
 import dataclasses
 import datetime
+import errno
 import fcntl
 import hashlib
 import json
 import math
 import os
+import stat
 import time
 
 from overlord.errors import OverlordError, UsageError
@@ -168,7 +171,11 @@ def _load_config():
     empty = {"prices": {}, "budget": {}, "accounts": {}}
     if opened is None:
         return empty
-    fd, _ = opened
+    fd, st = opened
+    stamp = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if _config_cache.get("stamp") == stamp:
+        os.close(fd)
+        return copy.deepcopy(_config_cache["doc"])
     try:
         data = b""
         while len(data) <= 1 << 22:
@@ -201,7 +208,11 @@ def _load_config():
             check_lines(lines, f"accounts[{_shown(name)}]")
     except UsageError as exc:
         raise _config_error(path, str(exc)) from None
+    _config_cache.update(stamp=stamp, doc=copy.deepcopy(out))
     return out
+
+
+_config_cache = {}       # the last cost.json parsed, by its inode, size and times
 
 
 def _save_config(doc):
@@ -449,13 +460,26 @@ def _add_spend(spend, line):
             per[scope] = round(per.get(scope, 0.0) + usd, 10)
 
 
+_kept = {}          # today's date -> (the days, the months spend.json keeps)
+
+
+def _keep(now=None):
+    when = _now() if now is None else now
+    key = time.strftime("%Y-%m-%d", time.gmtime(when))
+    if key not in _kept:
+        today = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
+        days = {(today - datetime.timedelta(days=i)).strftime("%Y-%m-%d") for i in range(KEEP_DAYS)}
+        months, y, m = set(), today.year, today.month
+        for _ in range(KEEP_MONTHS):
+            months.add(f"{y:04d}-{m:02d}")
+            y, m = (y, m - 1) if m > 1 else (y - 1, 12)
+        _kept.clear()
+        _kept[key] = (days, months)
+    return _kept[key]
+
+
 def _trim(spend, now=None):
-    today = datetime.datetime.fromtimestamp(_now() if now is None else now, datetime.timezone.utc)
-    days = {(today - datetime.timedelta(days=i)).strftime("%Y-%m-%d") for i in range(KEEP_DAYS)}
-    months, y, m = set(), today.year, today.month
-    for _ in range(KEEP_MONTHS):
-        months.add(f"{y:04d}-{m:02d}")
-        y, m = (y, m - 1) if m > 1 else (y - 1, 12)
+    days, months = _keep(now)
     spend["day"] = {k: v for k, v in spend["day"].items() if k in days}
     spend["month"] = {k: v for k, v in spend["month"].items() if k in months}
 
@@ -476,14 +500,29 @@ def _valid_session(doc):
 
 
 def _read_json(path):
-    """(doc, state): state "ok", "missing" or "damaged"."""
+    """(a cache's doc, state): state "ok", "missing" or "damaged" (unreadable, not a regular
+    file of ours, not JSON, or its digest does not match: a torn write)."""
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8")), "ok"
+        fd = _open_cache(path, os.O_RDONLY)
     except FileNotFoundError:
         return None, "missing"
+    except OSError:
+        return None, "damaged"
+    if fd is None:
+        return None, "damaged"
+    try:
+        data = b""
+        while len(data) < 1 << 24:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+        doc = _unsealed(data)
     except (OSError, ValueError, UnicodeDecodeError):
         return None, "damaged"
+    finally:
+        os.close(fd)
+    return (doc, "ok") if doc is not None else (None, "damaged")
 
 
 def _ledger_fd():
@@ -530,28 +569,65 @@ def _lines(fd, start, end):
     return out, pos - len(rest)
 
 
+_SEAL = b'{"sha256":"'            # a cache begins {"sha256":"<32 hex>", then the rest of its JSON
+
+
+def _sealed(doc):
+    """The cache's bytes: its JSON with the digest of that JSON first."""
+    body = json.dumps({k: v for k, v in doc.items() if k != "sha256"}, sort_keys=True,
+                      separators=(",", ":")).encode()
+    digest = hashlib.sha256(body).hexdigest()[:32].encode()
+    return _SEAL + digest + b'",' + body[1:] + b"\n"
+
+
+def _unsealed(data):
+    """The doc of a cache's bytes, or None unless the digest matches what follows it."""
+    head = len(_SEAL) + 32
+    if not data.startswith(_SEAL) or data[head:head + 2] != b'",':
+        return None
+    body = b"{" + data[head + 2:].rstrip(b"\n")
+    if hashlib.sha256(body).hexdigest()[:32].encode() != data[len(_SEAL):head]:
+        return None
+    doc = json.loads(body.decode("utf-8"))
+    return doc if isinstance(doc, dict) else None
+
+
+def _open_cache(path, flags):
+    """A cache file opened never through a symlink, never blocking on a FIFO; None when it is
+    not a regular file of ours (the writer replaces it; a reader rebuilds)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    return fd
+
+
 def _write_cache(path, doc):
-    """A rebuildable cache by temp file + atomic rename, mode 0600, no fsync (the ledger it
-    is folded from is the durable record)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """A rebuildable cache rewritten in place under the exclusive lock (readers hold the shared
+    one, so none sees it half-written), mode 0600, no fsync: the ledger it is folded from is
+    the durable record. It carries its own digest, so a write a crash cut short reads as
+    damaged and is rebuilt from the ledger -- never trusted. (In place rather than by rename:
+    a rename over the old file costs as much as the fsync of the ledger line itself.)"""
+    data = _sealed(doc)
+    for attempt in (0, 1):
+        try:
+            fd = _open_cache(path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            if attempt or exc.errno not in (errno.ELOOP, errno.EACCES, errno.ENXIO):
+                raise
+            fd = None
+        if fd is not None:
+            break
+        os.unlink(path)                  # a symlink, a FIFO or someone else's file: not ours
     try:
         os.fchmod(fd, 0o600)
-        store.write_all(fd, (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode())
+        view, at = memoryview(data), 0
+        while at < len(data):
+            at += os.pwrite(fd, view[at:], at)
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
-    try:
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _session_path(sid):

@@ -192,12 +192,14 @@ def test_the_session_file_and_spend_json_keep_the_running_total(home):
     for _ in range(3):
         meter.charge("turn", "anthropic", "claude-haiku-4-5", usage(1000, 100, 10, 1))
     doc = json.loads((home / "sessions" / sid / "cost.json").read_text())
+    assert len(doc.pop("sha256")) == 32                 # a torn write never reads as whole
     assert doc["calls"] == 3 and doc["tokens"] == 3 * 1111
     assert doc["offset"] == os.path.getsize(home / "ledger.jsonl")
     assert stat.S_IMODE(os.stat(home / "sessions" / sid / "cost.json").st_mode) == 0o600
     per = 1000 * 1 + 100 * 5 + 10 * 0.1 + 1 * 1.25
     assert doc["usd"] == pytest.approx(3 * per / 1e6)
-    assert cost.session_total(sid) == meter.total() == {k: v for k, v in doc.items() if k != "offset"}
+    assert cost.session_total(sid) == meter.total() == \
+        {k: v for k, v in doc.items() if k != "offset"}
     spend = json.loads((home / "spend.json").read_text())
     day = ledger(home)[0]["ts"][:10]
     scopes = spend["day"][day]

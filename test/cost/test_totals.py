@@ -97,6 +97,38 @@ def test_a_damaged_spend_json_is_rebuilt_from_the_ledger(home, damage):
     assert cost.session_total(a)["calls"] == 2 and cost.session_total(b)["calls"] == 1
 
 
+def test_a_cache_write_cut_short_is_never_trusted(home):
+    """The caches are rewritten in place and carry their own digest: any cut of the file, and
+    any edit that keeps it valid JSON, reads as damaged and is rebuilt from the ledger."""
+    a = new_session()
+    for _ in range(3):
+        cost.Meter(a, None, None).charge("turn", "anthropic", HAIKU, ONE)
+    for path in (home / "spend.json", session_file(home, a)):
+        whole = path.read_bytes()
+        for cut in (len(whole) // 3, len(whole) - 2):
+            path.write_bytes(whole[:cut])
+            assert cost.session_total(a)["calls"] == 3
+            assert machine_today(home) == pytest.approx(3 * PER)
+        path.write_bytes(whole.replace(b'"calls":3', b'"calls":9'))
+        assert cost.session_total(a)["calls"] == 3
+
+
+def test_a_symlink_or_fifo_planted_for_a_cache_is_replaced_never_followed(home, tmp_path):
+    a = new_session()
+    cost.Meter(a, None, None).charge("turn", "anthropic", HAIKU, ONE)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    os.unlink(home / "spend.json")
+    os.symlink(victim, home / "spend.json")
+    os.unlink(session_file(home, a))
+    os.mkfifo(session_file(home, a))
+    assert cost.session_total(a)["calls"] == 1           # nothing hangs on the FIFO
+    cost.Meter(a, None, None).charge("turn", "anthropic", HAIKU, ONE)
+    assert victim.read_text() == "keep me"
+    assert not os.path.islink(home / "spend.json") and machine_today(home) == pytest.approx(2 * PER)
+    assert cost.session_total(a)["calls"] == 2
+
+
 def test_a_missing_spend_json_is_rebuilt_without_counting_sessions_twice(home):
     a = new_session()
     for _ in range(3):

@@ -1,0 +1,160 @@
+"""Cost: a budget check + a ledger charge per model call, with a small and a huge ledger.
+
+    python3 bench/bench_cost.py [--calls 2000] [--small 1000] [--large 1000000] [--json]
+
+For each ledger size a fresh OVERLORD_HOME on the temp dir's filesystem gets a ledger.jsonl of
+that many lines (1,000 sessions, 20 accounts, 50 folders, all today -- so every line counts in
+today's and this month's totals), written in one go: a million charges one fsync at a time would
+measure the disk, not the meter. The caches (spend.json, the session's cost.json) are then
+rebuilt from it by trust/cost itself (the one-time O(ledger) catch-up a damaged or missing
+spend.json costs; its time is shown), and the meter is measured: --calls iterations of
+Meter.check("turn") + Meter.charge(...) for a session with budget lines from all three sources
+(config, a policy rule on its folder, its account), so every check evaluates every line. The
+issue asks for <= 1 ms median and no growth with the ledger: the figures for both sizes and
+their ratio are printed, with the median of a bare append + fsync on the same filesystem
+before and after (the disk's floor under every charge). Figures are recorded in docs/PERFORMANCE.md.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from overlord.trust import cost, policy  # noqa: E402
+from overlord.txn import store  # noqa: E402
+
+MODEL = "claude-sonnet-4-5-20250929"
+USAGE = {"input_tokens": 1200, "output_tokens": 300, "cache_read_tokens": 8000,
+         "cache_write_tokens": 400, "context_tokens": 9600}
+
+
+def build_ledger(path, lines, folder_of):
+    """Write `lines` ledger lines in big chunks (the shape Meter.charge writes)."""
+    ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    sids = [f"20261201-0000{i // 100:02d}-{i:06x}" for i in range(1000)]
+    proto = []
+    for i, sid in enumerate(sids):
+        line = cost.line_for(sid, folder_of(i % 50), f"user{i % 20}", "turn", "anthropic",
+                             MODEL, USAGE)
+        line["ts"] = ts
+        proto.append((json.dumps(line, sort_keys=True) + "\n").encode())
+    with open(path, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        chunk, n = [], 0
+        while n < lines:
+            chunk.append(proto[n % len(proto)])
+            n += 1
+            if len(chunk) == 10000:
+                f.write(b"".join(chunk))
+                chunk = []
+        f.write(b"".join(chunk))
+    return sids
+
+
+def fsync_floor(tmp, n):
+    """The median of a bare 330-byte append + fsync on the same filesystem: the disk's share of
+    every charge (the ledger line is fsynced), measured in the same run."""
+    path = os.path.join(tmp, "floor")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    took = []
+    try:
+        for _ in range(n):
+            t = time.perf_counter()
+            os.write(fd, b"x" * 329 + b"\n")
+            os.fsync(fd)
+            took.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return round(statistics.median(took) * 1000, 3)
+
+
+def bench_size(tmp, lines, calls):
+    home = os.path.join(tmp, f"home-{lines}")
+    os.makedirs(home)
+    os.environ["OVERLORD_HOME"] = home
+    store.ensure_home()
+    folders = [os.path.join(tmp, f"folder-{lines}-{i}") for i in range(50)]
+    for f in folders:
+        os.makedirs(f, exist_ok=True)
+    t = time.perf_counter()
+    sids = build_ledger(os.path.join(home, cost.LEDGER), lines, lambda i: folders[i])
+    built = time.perf_counter() - t
+    sid = sids[7]
+    os.makedirs(store.session_dir(sid))
+    pol = os.path.join(tmp, f"policy-{lines}.json")
+    with open(pol, "w") as f:
+        json.dump({"targets": {folders[7]: {"budget": {"session_usd": 1e9, "day_usd": 1e9}}}}, f)
+    policy.install(pol)
+    cost.set_budget("config", session_tokens=10 ** 15, day_usd=1e9, month_usd=1e9)
+    cost.set_budget("account:user7", day_usd=1e9, session_usd=1e9)
+    t = time.perf_counter()
+    cost.session_total(sid)                # no caches yet: rebuilt from the whole ledger once
+    rebuilt = time.perf_counter() - t
+    meter = cost.Meter(sid, folders[7], "user7")
+    assert meter.total()["calls"] == len(range(7, lines, 1000))
+    for _ in range(20):                    # warm
+        meter.check("turn")
+        meter.charge("turn", "anthropic", MODEL, USAGE)
+    both, checks, charges = [], [], []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        stop = meter.check("turn")
+        t1 = time.perf_counter()
+        meter.charge("turn", "anthropic", MODEL, USAGE)
+        t2 = time.perf_counter()
+        assert stop is None
+        both.append(t2 - t0)
+        checks.append(t1 - t0)
+        charges.append(t2 - t1)
+    size = os.path.getsize(os.path.join(home, cost.LEDGER))
+    return {"ledger_lines": lines, "ledger_mb": round(size / 2 ** 20, 1),
+            "write_ledger_s": round(built, 2), "rebuild_caches_s": round(rebuilt, 2),
+            "check_plus_charge_median_ms": round(statistics.median(both) * 1000, 3),
+            "check_plus_charge_p90_ms": round(sorted(both)[int(len(both) * 0.9)] * 1000, 3),
+            "check_median_ms": round(statistics.median(checks) * 1000, 3),
+            "charge_median_ms": round(statistics.median(charges) * 1000, 3)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--small", type=int, default=1000)
+    ap.add_argument("--large", type=int, default=1000000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bench-cost-")
+    try:
+        floor_before = fsync_floor(tmp, min(args.calls, 500))
+        small = bench_size(tmp, args.small, args.calls)
+        large = bench_size(tmp, args.large, args.calls)
+        floor_after = fsync_floor(tmp, min(args.calls, 500))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = {"machine": f"{platform.machine()} {platform.system()} {platform.release()}, "
+                      f"Python {platform.python_version()}",
+           "calls": args.calls, "small": small, "large": large,
+           "fsync_floor_ms": [floor_before, floor_after],
+           "ratio_large_to_small": round(large["check_plus_charge_median_ms"]
+                                         / small["check_plus_charge_median_ms"], 2)}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"machine: {out['machine']}; {args.calls} calls per size")
+    for r in (small, large):
+        print(f"ledger {r['ledger_lines']:>9,} lines ({r['ledger_mb']} MB): check+charge median "
+              f"{r['check_plus_charge_median_ms']:.3f} ms (p90 {r['check_plus_charge_p90_ms']:.3f};"
+              f" check {r['check_median_ms']:.3f}, charge {r['charge_median_ms']:.3f}); "
+              f"one-time cache rebuild {r['rebuild_caches_s']} s")
+    print(f"large / small: {out['ratio_large_to_small']}x (target: <= 1 ms, no growth); "
+          f"a bare append + fsync here: {floor_before:.3f} ms before, {floor_after:.3f} ms after")
+
+
+if __name__ == "__main__":
+    main()
