@@ -498,3 +498,39 @@ def test_systemd_accepts_the_units(tmp_path):
     files = [os.path.join(PACKAGING, n) for n in ("overlord-gc.service", "overlord-gc.timer")]
     proc = subprocess.run([tool, "verify", *files], capture_output=True, text=True)
     assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+
+
+def test_what_a_commit_names_after_the_plan_is_kept(ovl, home, t):
+    """Plan, then a commit lands before the prune: the prune counts references again and
+    keeps the pack the new commit's record names (its "before" lives there)."""
+    from overlord.trust import retention
+    a = committed(ovl, t, "printf 'one\\ntwo\\n' > a.txt")
+    age(home, a, 100)
+    p = retention.plan(keep_days=30, keep_last=0)
+    assert [s["sid"] for s in p.sessions] == [a] and [k["name"] for k in p.packs] == [a]
+    b = committed(ovl, t, "echo three >> a.txt")            # names a's version of a.txt
+    removed, skipped = retention.prune(p)
+    assert [s["sid"] for s in removed["sessions"]] == [a]
+    assert removed["packs"] == []
+    assert {"kind": "pack", "name": a, "why": "named again"} in skipped
+    assert f"{a}.pack" in packs(home) and f"{a}.idx" in packs(home)
+    assert not (home / "objects" / ".gc-trash").exists()
+    out = ovl("blame", t / "a.txt", check=0).out.splitlines()
+    assert [line.split()[0] for line in out] == ["origin", "origin", b]
+
+
+def test_a_session_reopened_or_held_after_the_plan_is_kept(ovl, home, t):
+    from overlord.trust import retention
+    a = committed(ovl, t, "echo two > a.txt")
+    b = committed(ovl, t, "echo three > a.txt")
+    for sid in (a, b):
+        age(home, sid, 100)
+    p = retention.plan(keep_days=30, keep_last=0)
+    assert sorted(s["sid"] for s in p.sessions) == sorted([a, b])
+    set_meta(home, a, state="pending")
+    with retention.holding([b], reason="test"):
+        removed, skipped = retention.prune(p)
+    assert removed["sessions"] == [] and removed["objects"] == [] and removed["packs"] == []
+    assert {"kind": "session", "name": a, "why": "it is pending now"} in skipped
+    assert {"kind": "session", "name": b, "why": "held"} in skipped
+    assert sorted(os.listdir(home / "sessions")) == sorted([a, b])
