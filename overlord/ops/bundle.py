@@ -43,6 +43,7 @@ def export_session(sid, out):
         require_target(session.target, session.meta.get("target_id"))
         plan = session.plan()
     audit.ready()
+    made = B.load_key() is None                 # the first export makes the machine's key
     if hasattr(out, "write"):
         info = B.build(session, plan, out)
         info["path"] = None
@@ -68,6 +69,8 @@ def export_session(sid, out):
                 pass
             raise
         info["path"] = path
+    if made:
+        audit.append("bundle.key", op="create", fingerprint=info["key_id"])
     audit.append("bundle.export", sid=session.sid, target=session.target, bundle_sha256=info["sha256"],
                  members=info["members"], bytes=info["bytes"], state=state, key_id=info["key_id"],
                  path=info["path"])
@@ -187,7 +190,7 @@ def bundle_key(show_path=False, import_from=None):
     path = B.key_path()
     if import_from is not None:
         fp, previous = B.install_key(import_from)
-        audit.append("bundle.key", action_taken="import", fingerprint=fp, previous=previous)
+        audit.append("bundle.key", op="import", fingerprint=fp, previous=previous)
         return {"path": path, "exists": True, "fingerprint": fp, "previous": previous,
                 "imported": True}
     if show_path:
@@ -196,5 +199,5 @@ def bundle_key(show_path=False, import_from=None):
     made = B.load_key() is None
     key = B.ensure_key()
     if made:
-        audit.append("bundle.key", action_taken="create", fingerprint=B.fingerprint(key))
+        audit.append("bundle.key", op="create", fingerprint=B.fingerprint(key))
     return {"path": path, "exists": True, "fingerprint": B.fingerprint(key), "made": made}

@@ -245,6 +245,8 @@ def test_cli_output_and_audit(tmp_path, target):
     assert a("bundle", "key", "--show-path", check=0).out.strip() == os.path.join(a.home, "bundle.key")
     keyinfo = json.loads(a("bundle", "key", "--json", check=0).out)
     assert keyinfo["fingerprint"] == fp and keyinfo["made"] is False
+    [made] = audit_lines(a, "bundle.key")            # the first export made the key
+    assert made["op"] == "create" and made["fingerprint"] == fp
     [line] = audit_lines(a, "bundle.export")
     assert line["sid"] == sid and line["members"] >= 5 and line["bytes"] == os.path.getsize(tmp_path / "s.ovl")
     import hashlib
