@@ -16,7 +16,7 @@ import pytest
 
 from conftest import Ovl
 from weblib import AnthropicFake, require_kernel, ui  # noqa: F401
-from test_browser import Pages, browser  # noqa: F401 -- browser: a fixture
+from test_browser import Pages, browser, no_overflow  # noqa: F401 -- browser: a fixture
 
 try:
     from playwright.sync_api import expect
@@ -100,7 +100,8 @@ def test_a_conversations_reading_and_spend_fill_the_meter(ui, fake, cli, pages, 
     page = pages()
     open_workspace(page, ui)
     expect(row(page, ":tokens")).to_contain_text("no reading yet")
-    expect(row(page, "day")).to_contain_text("$1.00 of $1.00 left ($0.00 spent)")
+    expect(row(page, "day")).to_contain_text("$1.00 of $1.00 left")
+    expect(row(page, "day").locator(".meter-note")).to_contain_text("$0.00 spent")
     expect(row(page, "day")).to_have_class("meter-row meter-spend meter-ok")
     page.fill("#prompt", "Look around")
     page.click("#send")
@@ -110,15 +111,18 @@ def test_a_conversations_reading_and_spend_fill_the_meter(ui, fake, cli, pages, 
     expect(tokens).to_contain_text("90,000 of 100,000 left")
     expect(tokens).to_have_class("meter-row meter-ok")
     expect(tokens.locator(".meter-reset")).to_contain_text("resets at")
-    expect(requests).to_contain_text("4 of 50 left \u2014 under a tenth left")
+    expect(requests).to_contain_text("4 of 50 left")
+    expect(requests.locator(".meter-words")).to_have_text("under a tenth left")
     expect(requests).to_have_class("meter-row meter-red")
     assert requests.locator("progress").get_attribute("value") == "4"
     assert requests.locator("progress").get_attribute("max") == "50"
     day, month = row(page, "day"), row(page, "month")
-    expect(day).to_contain_text("$0.20 of $1.00 left ($0.80 spent) \u2014 under a quarter left")
+    expect(day).to_contain_text("$0.20 of $1.00 left")
+    expect(day.locator(".meter-note")).to_contain_text("under a quarter left \u00b7 $0.80 spent")
     expect(day).to_have_class("meter-row meter-spend meter-amber")
     assert day.get_attribute("title") == "the day_usd line of $1.00 is set by the machine's budget (overlord cost budget)"
-    expect(month).to_contain_text("$9.20 of $10.00 left ($0.80 spent)")
+    expect(month).to_contain_text("$9.20 of $10.00 left")
+    expect(month.locator(".meter-words")).to_have_count(0)
     expect(month).to_have_class("meter-row meter-spend meter-ok")
     usage = ui.ok("GET", "/api/usage")
     assert usage["rate"]["anthropic"]["requests"]["remaining"] == 4
@@ -126,9 +130,10 @@ def test_a_conversations_reading_and_spend_fill_the_meter(ui, fake, cli, pages, 
     # lines lowered past the spend: red, in words too
     cli("cost", "budget", "--day-usd", "0.85", "--month-usd", "0.5", check=0)
     page.reload()
-    expect(row(page, "day")).to_contain_text("under a tenth left")
+    expect(row(page, "day").locator(".meter-words")).to_have_text("under a tenth left")
     expect(row(page, "day")).to_have_class("meter-row meter-spend meter-red")
-    expect(row(page, "month")).to_contain_text("$0.00 of $0.50 left ($0.80 spent) \u2014 none left")
+    expect(row(page, "month")).to_contain_text("$0.00 of $0.50 left")
+    expect(row(page, "month").locator(".meter-note")).to_contain_text("none left \u00b7 $0.80 spent")
     expect(row(page, "month")).to_have_class("meter-row meter-spend meter-red")
 
 
@@ -146,11 +151,19 @@ def test_openai_readings_amber_red_a_duration_reset_and_retry_after(ui, home, pa
     page = pages()
     open_workspace(page, ui)
     tokens, requests = row(page, "openai:tokens"), row(page, "openai:requests")
-    expect(tokens).to_contain_text("30,000 of 150,000 left \u2014 under a quarter left")
+    expect(tokens).to_contain_text("30,000 of 150,000 left")
+    expect(tokens.locator(".meter-words")).to_have_text("under a quarter left")
     expect(tokens).to_have_class("meter-row meter-amber")
     expect(tokens.locator(".meter-reset")).to_have_text("resets in 6m0s")
-    expect(requests).to_contain_text("9 of 100 left \u2014 under a tenth left")
+    expect(requests).to_contain_text("9 of 100 left")
+    expect(requests.locator(".meter-words")).to_have_text("under a tenth left")
     expect(requests).to_have_class("meter-row meter-red")
     assert "under a tenth left" in requests.locator("progress").get_attribute("aria-label")
     expect(page.locator('#meter [data-provider="openai"] .meter-retry')).to_have_text("Told to wait: retry after 20 s")
     expect(page.locator('#meter [data-provider="openai"] .meter-when')).to_contain_text("read just now")
+    # on a phone the meter is in the rail's drawer, whole, without a horizontal scroll
+    phone = pages(390, 844)
+    open_workspace(phone, ui)
+    phone.click("#rail-open")
+    expect(row(phone, "openai:requests")).to_be_in_viewport()
+    no_overflow(phone)

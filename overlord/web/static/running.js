@@ -68,10 +68,12 @@ const RUNNING = (() => {
     const {cls, words} = level(left, limit);
     row.classList.add(cls);
     const reset = resetText(bucket.reset);
-    const text = `${count(left)} of ${count(limit)} left${words ? ` \u2014 ${words}` : ""}`;
-    row.append(h("span", {class: "meter-label"}, label), h("span", {class: "meter-text"}, text),
-               bar(left, limit, cls, `${label}: ${text}`),
-               reset ? h("span", {class: "meter-reset"}, reset) : null);
+    const text = `${count(left)} of ${count(limit)} left`;
+    OV.append(row, [h("span", {class: "meter-label"}, label), h("span", {class: "meter-text"}, text),
+                    bar(left, limit, cls, `${label}: ${text}${words ? `, ${words}` : ""}`),
+                    words || reset ? h("span", {class: "meter-note"},
+                      words ? h("span", {class: "meter-words"}, words) : null, words && reset ? " \u00b7 " : null,
+                      reset ? h("span", {class: "meter-reset"}, reset) : null) : null]);
     return row;
   }
 
@@ -116,10 +118,12 @@ const RUNNING = (() => {
     row.classList.add(cls);
     const source = `the ${key}_usd line of ${usd(limit)} is set by ${sourceWords(line.source)}`;
     row.title = source;
-    const text = `${usd(left)} of ${usd(limit)} left (${usd(spent)} spent)${words ? ` \u2014 ${words}` : ""}`;
-    row.append(h("span", {class: "meter-label"}, label), h("span", {class: "meter-text"}, text),
-               bar(left, limit, cls, `${label}: ${text}; ${source}`),
-               h("span", {class: "visually-hidden"}, `; ${source}`));
+    const text = `${usd(left)} of ${usd(limit)} left`;
+    OV.append(row, [h("span", {class: "meter-label"}, label), h("span", {class: "meter-text"}, text),
+                    bar(left, limit, cls, `${label}: ${text}, ${usd(spent)} spent${words ? `, ${words}` : ""}; ${source}`),
+                    h("span", {class: "meter-note"}, words ? h("span", {class: "meter-words"}, words) : null,
+                      words ? " \u00b7 " : null, `${usd(spent)} spent`,
+                      h("span", {class: "visually-hidden"}, `; ${source}`))]);
     return row;
   }
 
@@ -231,7 +235,7 @@ const RUNNING = (() => {
       sel.dataset.filled = String(data.actions.length);
     }
     if (!$("w-format").options.length) {
-      for (const f of data.formats) $("w-format").append(h("option", {value: f}, f === "slack" ? "slack ({\"text\": ...})" : "json (the audit entry, signed with a secret)"));
+      for (const f of data.formats) $("w-format").append(h("option", {value: f}, f === "json" ? "json (signed)" : f));
     }
     if (document.activeElement !== $("w-base-url")) $("w-base-url").value = data.base_url || "";
   }
