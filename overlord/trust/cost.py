@@ -44,6 +44,7 @@ import dataclasses
 import datetime
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -118,6 +119,7 @@ def _iso(ts):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
+@functools.lru_cache(maxsize=4096)
 def target_scope(target):
     return "target:" + hashlib.sha256(os.fsencode(target)).hexdigest()[:32]
 
@@ -425,7 +427,7 @@ def _add_session(tot, line):
         n += v
     tot["tokens"] += n
     if _finite(line.get("usd")):
-        tot["usd"] = round(tot["usd"] + line["usd"], 10)
+        tot["usd"] = tot["usd"] + line["usd"]
     if not line.get("priced") and isinstance(line.get("model"), str) \
             and line["model"] not in tot["unpriced"]:
         tot["unpriced"] = sorted(tot["unpriced"] + [line["model"]])
@@ -454,10 +456,15 @@ def _add_spend(spend, line):
     day, month = _period(line)
     if day is None:
         return
+    per_day = spend["day"].get(day)
+    if per_day is None:
+        per_day = spend["day"][day] = {}
+    per_month = spend["month"].get(month)
+    if per_month is None:
+        per_month = spend["month"][month] = {}
     for scope in _scopes(line):
-        for table, key in ((spend["day"], day), (spend["month"], month)):
-            per = table.setdefault(key, {})
-            per[scope] = round(per.get(scope, 0.0) + usd, 10)
+        per_day[scope] = per_day.get(scope, 0.0) + usd
+        per_month[scope] = per_month.get(scope, 0.0) + usd
 
 
 _kept = {}          # today's date -> (the days, the months spend.json keeps)
@@ -539,6 +546,9 @@ def _boundary_ok(fd, offset, size):
     return offset == 0 or os.pread(fd, 1, offset - 1) == b"\n"
 
 
+_decode = json.JSONDecoder().decode
+
+
 def _lines(fd, start, end):
     """[(offset, line dict)] of the whole lines in [start, end); damaged lines skipped. Returns
     (lines, the offset after the last whole line)."""
@@ -559,8 +569,8 @@ def _lines(fd, start, end):
                 break
             raw = buf[at:nl]
             try:
-                rec = json.loads(raw)
-            except ValueError:
+                rec = _decode(raw.decode("utf-8"))
+            except ValueError:              # UnicodeDecodeError too
                 rec = None
             if isinstance(rec, dict):
                 out.append((base + at, rec))
@@ -640,7 +650,7 @@ def _rebuild_session(fd, sid, end):
         for _, line in _lines(fd, 0, end)[0]:
             if line.get("sid") == sid:
                 _add_session(tot, line)
-    tot["offset"] = end
+    tot["offset"], tot["usd"] = end, round(tot["usd"], 10)
     return tot
 
 
@@ -672,17 +682,30 @@ def _fold(spend, sessions, fd, end, load_session):
     (sessions: sid -> doc, loaded through load_session(sid) on first sight). Returns the
     offset folded to."""
     lines, upto = _lines(fd, spend["offset"], end) if fd is not None else ([], spend["offset"])
+    unseen = object()
     for at, line in lines:
         _add_spend(spend, line)
         sid = line.get("sid")
-        if isinstance(sid, str) and store.SID_RE.match(sid):
-            if sid not in sessions:
-                sessions[sid] = load_session(sid)
-            doc = sessions[sid]
+        if isinstance(sid, str):
+            doc = sessions.get(sid, unseen)
+            if doc is unseen:
+                doc = sessions[sid] = load_session(sid) if store.SID_RE.match(sid) else None
             if doc is not None and at >= doc["offset"]:
                 _add_session(doc, line)
     spend["offset"] = upto
+    _round(spend, sessions)
     return upto
+
+
+def _round(spend, sessions):
+    """Sums kept to 1e-10 (folded unrounded: a rebuild adds a million lines)."""
+    for period in ("day", "month"):
+        for per in spend[period].values():
+            for scope, usd in per.items():
+                per[scope] = round(usd, 10)
+    for doc in sessions.values():
+        if doc is not None:
+            doc["usd"] = round(doc["usd"], 10)
 
 
 def _append(fd_w, line):
