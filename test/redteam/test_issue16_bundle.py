@@ -371,3 +371,31 @@ def test_replay_writes_only_what_the_bundle_lists(two, target, tmp_path):
     pend = [ln.split()[0] for ln in b("sessions").out.splitlines() if " pending " in ln]
     assert len(pend) == 1, b("sessions").out
     assert b.diff(pend[0]) == a.diff(sid)
+
+
+@pytest.mark.xfail(strict=True, reason="HOLE: bundle laundering: an UNVERIFIED import on B, "
+                   "re-exported by B, is signed with B's key; C (holding B's key) imports it as "
+                   "VERIFIED, and land() overwrites the record's own meta.imported (verified: "
+                   "false, from: outsider) with C's. Refuse to export an imported record, or carry "
+                   "its import chain into the manifest and never mark it verified past an "
+                   "unverified hop")
+def test_an_unverified_import_cannot_be_laundered_into_a_verified_one(tmp_path, backend, target):
+    a, b, c = (Ovl(tmp_path / n, backend) for n in "ABC")
+    for n in "ABC":
+        (tmp_path / n).mkdir()
+    sid, path = committed_bundle(a, target, tmp_path)
+    evil = tmp_path / "evil.ovl"
+    rewrite(path, evil, lambda ms: jedit(ms, "record/meta.json",
+                                         lambda m: m.update(task="trust me")))
+    assert "UNVERIFIED" in b("import", evil, check=0).out
+    again = tmp_path / "again.ovl"
+    proc = b("export", sid, "-o", again)
+    if proc.returncode != 0:
+        return                                   # refusing to re-export is a fix
+    key = b.home / "bundle.key"
+    copy = tmp_path / "b.key"
+    copy.write_bytes(key.read_bytes())
+    c("bundle", "key", "--import", copy, check=0)
+    out = c("import", again, check=0).out
+    meta = json.load(open(c.home / "sessions" / sid / "meta.json"))
+    assert meta["imported"]["verified"] is False, (out, meta["imported"])
