@@ -215,8 +215,7 @@ def set_command(cmd, ttl=None):
     secret.config {op: "set-command", program, args, ttl}. Returns show()."""
     ttl = _ttl(ttl)
     argv = parse_command(cmd)
-    load()                                  # a damaged or foreign file refuses, untouched
-    store.ensure_home()
+    store.ensure_home()                     # (a damaged or too-open file is simply replaced)
     store.write_json_atomic(path(), {"command": argv, "ttl": ttl}, 0o600, indent=1,
                             sync_dir=True)
     forget()
@@ -228,7 +227,10 @@ def set_command(cmd, ttl=None):
 
 def off():
     """Remove the resolver; True when one was set. Audited as secret.config {op: "off"}."""
-    had = load() is not None
+    try:
+        had = load() is not None
+    except OverlordError:                   # a damaged or too-open file: removing it is the fix
+        had = True
     try:
         os.unlink(path())
     except FileNotFoundError:

@@ -300,3 +300,13 @@ def test_off_removes_the_resolver_and_references_stop_resolving(ready, home):
     assert not (home / "secrets.json").exists()
     with pytest.raises(OverlordError, match="no resolver is configured"):
         vault.resolve("secret://db/password", "use")       # the cache went with it
+
+
+def test_a_damaged_file_is_replaced_by_set_command_and_removed_by_off(home, resolver):
+    path = home / "secrets.json"
+    path.write_text("{")
+    path.chmod(0o644)
+    vault.set_command(resolver.command)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and vault.show()["configured"]
+    path.write_text("[]")
+    assert vault.off() is True and not path.exists()
