@@ -62,6 +62,7 @@ MANIFEST_MAX = 64 << 20
 JSON_MAX = 256 << 20                   # a record file or changes.json read into memory
 STAGING = "bundle-tmp"
 IMPORTED = "imported"                  # inside an imported record's session directory
+PACK = "changes.pack"                  # the changes' file bytes, one after another
 
 
 class Refused(OverlordError):
@@ -787,8 +788,9 @@ class Staged:
     why: str                      # how the signature was judged, in words
     sha256: str                   # of the .ovl file
     record: dict                  # name -> staged path
-    objects: dict                 # sha -> staged path
-    tree: list                    # [{path, type, mode, sha256, link, staged}]
+    objects: dict                 # sha -> staged path, or the bytes (small ones)
+    tree: list                    # [{path, type, mode, sha256, link}]
+    packed: dict = None           # sha -> [offset, size] of the changes' bytes in PACK
     changes: dict = None          # changes.json's dict, for a bundle with changes
     meta: dict = None
 
@@ -835,12 +837,14 @@ def read(path, key, require_signature=False):
 def _read(raw, sdir, key, require_signature):
     stream = _Gunzip(raw, max_total())
     member_cap = max_member()
-    seen, record, objs, tree, contents = set(), {}, {}, [], set()
+    seen, record, objs, tree, packed = set(), {}, {}, [], {}
     manifest = mbytes = sig = None
     verified, why, judged = False, None, False
-    counter = 0
-    files = os.path.join(sdir, "files")
-    os.mkdir(files, 0o700)
+    counter = held = 0
+    # the changes' bytes go into one file (a pack, by offset): the record is data, not a tree
+    pack = os.open(os.path.join(sdir, PACK), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                   | os.O_CLOEXEC, 0o600)
+    offset = 0
     tar = TarReader(stream)
     try:
         while True:
@@ -911,13 +915,26 @@ def _read(raw, sdir, key, require_signature):
             if not isinstance(want, str) or not HEX64.match(want):
                 raise Refused(f"refused: the manifest gives {escape_path(name)} no valid sha256")
             if place == "tree":
-                staged = os.path.join(files, want)      # content-addressed: a name we chose
-                fresh = want not in contents
-                contents.add(want)
+                if want in packed:
+                    sha = _stage(tar, ti, None)           # the same bytes are packed already
+                else:
+                    sha = _stage(tar, ti, pack)
+                    packed[want] = [offset, ti.size]
+                    offset += ti.size
+                staged = None
+            elif place == "object" and ti.size <= HELD_FILE and held + ti.size <= HELD_TOTAL:
+                staged = tar.data(ti.size)              # small: kept in memory until it lands
+                held += len(staged)
+                sha = hashlib.sha256(staged).hexdigest()
             else:
                 counter += 1
-                staged, fresh = os.path.join(sdir, "f", str(counter)), True
-            sha = _stage(tar, ti, staged if fresh else None)
+                staged = os.path.join(sdir, "f", str(counter))
+                fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, 0o600)
+                try:
+                    sha = _stage(tar, ti, fd)
+                finally:
+                    os.close(fd)
             if sha != want:
                 raise Refused(f"refused: the member {escape_path(name)} does not match its hash "
                               "in the manifest (altered)")
@@ -935,6 +952,8 @@ def _read(raw, sdir, key, require_signature):
                              "sha256": sha})
     except zlib.error:
         raise Refused("not a bundle: the gzip stream is damaged") from None
+    finally:
+        os.close(pack)
     if manifest is None:
         raise Refused("not a bundle: no manifest.json (an empty archive)")
     if not judged:
@@ -944,27 +963,22 @@ def _read(raw, sdir, key, require_signature):
         raise Refused(f"refused: the manifest lists {len(missing)} member"
                       f"{'' if len(missing) == 1 else 's'} the bundle lacks "
                       f"({escape_path(missing[0])}{', ...' if len(missing) > 1 else ''})")
-    out = Staged(sdir, manifest, mbytes, sig, verified, why, stream.drain(), record, objs, tree)
+    out = Staged(sdir, manifest, mbytes, sig, verified, why, stream.drain(), record, objs, tree,
+                 packed)
     _check_contents(out)
     return out
 
 
-def _stage(tar, ti, dest):
-    """Hash a member's bytes, writing them to dest (None: only hash: a copy is kept)."""
+def _stage(tar, ti, fd):
+    """Hash a member's bytes, appending them to the open file fd (None: only hash)."""
     h = hashlib.sha256()
-    fd = None if dest is None else \
-        os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        left = ti.size
-        while left:
-            chunk = tar.data(min(left, 1 << 20))
-            h.update(chunk)
-            if fd is not None:
-                store.write_all(fd, chunk)
-            left -= len(chunk)
-    finally:
+    left = ti.size
+    while left:
+        chunk = tar.data(min(left, 1 << 20))
+        h.update(chunk)
         if fd is not None:
-            os.close(fd)
+            store.write_all(fd, chunk)
+        left -= len(chunk)
     return h.hexdigest()
 
 
@@ -1113,9 +1127,9 @@ def land(staged, owner=None):
         with open(os.path.join(idir, SIG), "wb") as f:
             f.write(staged.sig)
     if staged.changes is not None:
-        os.rename(os.path.join(staged.dir, "files"), os.path.join(idir, "files"))
+        os.rename(os.path.join(staged.dir, PACK), os.path.join(idir, PACK))
         store.write_json_atomic(os.path.join(idir, "changes.json"),
-                                dict(staged.changes, tree=staged.tree))
+                                dict(staged.changes, tree=staged.tree, pack=staged.packed))
     store.write_json_atomic(os.path.join(sdir, "meta.json"), meta)
     keep_objects(staged, sid)
     try:
@@ -1135,10 +1149,13 @@ def keep_objects(staged, sid):
         return
     keeper = objects.Keeper(store.new_sid())
     try:
-        for sha, path in sorted(staged.objects.items()):
+        for sha, held in sorted(staged.objects.items()):
             if keeper.has(sha):
                 continue
-            keeper.copy(path, os.lstat(path), sha)
+            if isinstance(held, bytes):
+                keeper.put_bytes(held)
+            else:
+                keeper.copy(held, os.lstat(held), sha)
         keeper.finish()
     except BaseException:
         keeper.abandon()
@@ -1264,7 +1281,7 @@ def write_payload(sid, out):
     changes = imported_changes(sid)
     if changes is None:
         raise OverlordError(f"session {sid} carries no changes to replay")
-    fdir = os.path.join(store.session_dir(sid), IMPORTED, "files")
+    pack, where = os.path.join(store.session_dir(sid), IMPORTED, PACK), changes.get("pack") or {}
     ops = [{"op": "rm", "path": p} for p in sorted(set(changes["deleted"]) | set(changes["replaced"]),
                                                     key=lambda p: p.split("/"))]
     files = []
@@ -1274,14 +1291,20 @@ def write_payload(sid, out):
         elif t["type"] == "symlink":
             ops.append({"op": "link", "path": t["path"], "target": t["link"]})
         else:
-            src = os.path.join(fdir, t["sha256"])
-            ops.append({"op": "file", "path": t["path"], "mode": t["mode"],
-                        "size": os.path.getsize(src)})
-            files.append(src)
+            off, size = where[t["sha256"]]
+            ops.append({"op": "file", "path": t["path"], "mode": t["mode"], "size": size})
+            files.append((off, size))
     out.write(json.dumps({"ops": ops, "root_mode": changes.get("root_mode")}).encode() + b"\n")
-    for src in files:
-        with open(src, "rb") as f:
-            shutil.copyfileobj(f, out, 1 << 20)
+    with open(pack, "rb") as f:
+        for off, size in files:
+            f.seek(off)
+            left = size
+            while left:
+                chunk = f.read(min(left, 1 << 20))
+                if not chunk:
+                    raise OverlordError(f"session {sid}'s kept changes are cut short")
+                out.write(chunk)
+                left -= len(chunk)
     return len(ops)
 
 
