@@ -151,7 +151,8 @@ def test_no_policy_file_is_the_built_in_rule(home, tmp_path):
                            "allow_force": True, "require_review": False, "protect": [],
                            "checks": {"secrets": "countersign", "binaries": "warn",
                                       "dependencies": "warn", "git_exec": "countersign", "size_mb": 50},
-                           "connectors": None, "connector_shell": False, "distrust_hints": [], "skills": "*"}
+                           "connectors": None, "connector_shell": False, "distrust_hints": [], "skills": "*",
+                           "budget": {}}
     assert {r.source(k) for k in P.KEYS} == {"built-in"} and r.origin()["sha256"] is None
 
 
