@@ -178,3 +178,21 @@ def test_resolver_config_others_can_read_is_refused(o, vault):
     assert proc.returncode == 1 and "secrets.json" in proc.err, proc.err
     assert runs(log) == []
 
+
+
+def test_a_connector_the_policy_refuses_never_resolves_its_secret(o, vault, tmp_path, target):
+    """mcp.json gives connector srv an env secret://tok; the folder's policy allows only
+    `other`. `agent --connector srv` is refused before the server starts: the resolver is
+    never run. (Positive control: with no rule, the CLI grant starts it and resolves.)"""
+    value, log = vault()
+    o("mcp", "add", "srv", "--command", "/bin/cat", "--env", "TOKEN=secret://tok", check=0)
+    pol = tmp_path / "policy.json"
+    pol.write_text(json.dumps({"targets": {str(target): {"connectors": ["other"]}}}))
+    o("policy", "set", pol, check=0)
+    env = {"ANTHROPIC_API_KEY": "dummy", "no_proxy": "*", "https_proxy": "", "http_proxy": ""}
+    proc = o("agent", "-t", target, "--model", "claude-sonnet-4-5", "--connector", "srv", "hi",
+             env=env)
+    assert proc.returncode == 1 and "allows connectors" in proc.err, proc.err
+    assert runs(log) == []
+    o("mcp", "test", "srv")                       # the operator's own act: resolves (control)
+    assert runs(log) == [["tok"]]
