@@ -409,7 +409,8 @@ def _no_key_elsewhere(kw):
     provider = kw.get("provider") or os.environ.get("OVERLORD_PROVIDER") or "anthropic"
     if provider == "scripted" or provider not in keys.ENV:
         return
-    if keys.get(provider) and url != providers.default_base_url(provider):
+    # listing: where a key would come from, without running a vault resolver to find out
+    if keys.listing()[provider] and url != providers.default_base_url(provider):
         raise Denied(f"base_url: a brokered caller may not send the stored {provider} key to "
                      "an endpoint of its choosing; a person sets the endpoint at the terminal")
 
