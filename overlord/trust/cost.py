@@ -549,34 +549,37 @@ def _boundary_ok(fd, offset, size):
 _decode = json.JSONDecoder().decode
 
 
-def _lines(fd, start, end):
-    """[(offset, line dict)] of the whole lines in [start, end); damaged lines skipped. Returns
-    (lines, the offset after the last whole line)."""
-    out, pos = [], start
-    chunk = 1 << 20
-    rest = b""
-    while pos < end:
-        data = os.pread(fd, min(chunk, end - pos), pos)
-        if not data:
-            break
-        buf = rest + data
-        base = pos - len(rest)
-        pos += len(data)
-        at = 0
-        while True:
-            nl = buf.find(b"\n", at)
-            if nl < 0:
+class _Lines:
+    """The whole ledger lines in [start, end) of fd, read in 1 MiB chunks and yielded as
+    (offset, line dict) one at a time (a million lines are never held at once); damaged lines
+    skipped. After the loop, .upto is the offset after the last whole line."""
+
+    def __init__(self, fd, start, end):
+        self.fd, self.start, self.end, self.upto = fd, start, end, start
+
+    def __iter__(self):
+        pos, rest = self.start, b""
+        while pos < self.end:
+            data = os.pread(self.fd, min(1 << 20, self.end - pos), pos)
+            if not data:
                 break
-            raw = buf[at:nl]
-            try:
-                rec = _decode(raw.decode("utf-8"))
-            except ValueError:              # UnicodeDecodeError too
-                rec = None
-            if isinstance(rec, dict):
-                out.append((base + at, rec))
-            at = nl + 1
-        rest = buf[at:]
-    return out, pos - len(rest)
+            buf = rest + data
+            base = pos - len(rest)
+            pos += len(data)
+            at = 0
+            while True:
+                nl = buf.find(b"\n", at)
+                if nl < 0:
+                    break
+                try:
+                    rec = _decode(buf[at:nl].decode("utf-8"))
+                except ValueError:              # UnicodeDecodeError too
+                    rec = None
+                if isinstance(rec, dict):
+                    yield base + at, rec
+                at = nl + 1
+                self.upto = base + at
+            rest = buf[at:]
 
 
 _SEAL = b'{"sha256":"'            # a cache begins {"sha256":"<32 hex>", then the rest of its JSON
@@ -647,7 +650,7 @@ def _session_path(sid):
 def _rebuild_session(fd, sid, end):
     tot = _zero()
     if fd is not None:
-        for _, line in _lines(fd, 0, end)[0]:
+        for _, line in _Lines(fd, 0, end):
             if line.get("sid") == sid:
                 _add_session(tot, line)
     tot["offset"], tot["usd"] = end, round(tot["usd"], 10)
@@ -681,7 +684,7 @@ def _fold(spend, sessions, fd, end, load_session):
     """Fold the ledger lines from spend's offset to end into spend and the session docs
     (sessions: sid -> doc, loaded through load_session(sid) on first sight). Returns the
     offset folded to."""
-    lines, upto = _lines(fd, spend["offset"], end) if fd is not None else ([], spend["offset"])
+    lines = _Lines(fd, spend["offset"], end) if fd is not None else ()
     unseen = object()
     for at, line in lines:
         _add_spend(spend, line)
@@ -692,6 +695,7 @@ def _fold(spend, sessions, fd, end, load_session):
                 doc = sessions[sid] = load_session(sid) if store.SID_RE.match(sid) else None
             if doc is not None and at >= doc["offset"]:
                 _add_session(doc, line)
+    upto = lines.upto if fd is not None else spend["offset"]
     spend["offset"] = upto
     _round(spend, sessions)
     return upto
@@ -992,9 +996,9 @@ def ledger_lines():
     """Every readable ledger line (damaged ones skipped)."""
     fd = _ledger_fd()
     if fd is None:
-        return []
+        return
     try:
-        return [line for _, line in _lines(fd, 0, os.fstat(fd).st_size)[0]]
+        yield from (line for _, line in _Lines(fd, 0, os.fstat(fd).st_size))
     finally:
         os.close(fd)
 
