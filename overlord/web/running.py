@@ -58,10 +58,17 @@ def listing():
 
 def hook_row(hook):
     url = hook.get("url") or ""
-    return {"name": hook.get("name"), "url": url, "host": urllib.parse.urlsplit(url).hostname or "",
+    return {"name": hook.get("name"), "url": url, "host": hook.get("host") or _host(url),
             "format": hook.get("format"), "on": list(hook.get("on") or ()),
             "secret": secret_shown(hook.get("secret")),
             "allow_private": bool(hook.get("allow_private")), "created": hook.get("created")}
+
+
+def _host(url):
+    try:
+        return urllib.parse.urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
 
 
 def secret_shown(value):
@@ -78,10 +85,11 @@ def secret_shown(value):
 def audit_actions(listed=None):
     """The acts a hook may subscribe to: every audited act (the notify layer's list when it
     gives one, else the audit chain's own, as the service layer holds it)."""
-    acts = (listed or {}).get("actions")
+    from overlord.ops import notify
+    acts = (listed or {}).get("actions") or getattr(notify, "ACTIONS", None)
     if not acts:
         from overlord.ops import audit as audit_ops
-        acts = getattr(audit_ops, "ACTIONS", None) or audit_ops.audit.ACTIONS
+        acts = audit_ops.audit.ACTIONS
     return sorted(a for a in acts if isinstance(a, str))
 
 
@@ -96,12 +104,7 @@ def webhook_add(app, req):
     if not isinstance(name, str) or not HOOK_NAME.match(name):
         raise S.Invalid("w-name", "a hook's name is letters, digits, '.', '_' or '-' (at most 64, "
                                   "starting with a letter or digit)")
-    url = body.get("url")
-    if not isinstance(url, str) or not url.strip() or len(url) > 2000 or any(c in url for c in "\r\n\0 "):
-        raise S.Invalid("w-url", "the URL is one http:// or https:// address")
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise S.Invalid("w-url", "the URL must be http:// or https:// with a host")
+    url = http_url(body.get("url"), "w-url", "the URL")
     from overlord.ops import notify
     fmt = body.get("format", "slack")
     if fmt not in notify.FORMATS:
@@ -124,12 +127,29 @@ def webhook_add(app, req):
     if not isinstance(allow, bool):
         raise S.Invalid("w-private", "allow_private is true or false")
     try:
-        ops.webhook_add(name, url.strip(), fmt=fmt, on=tuple(on), secret=secret, allow_private=allow)
+        ops.webhook_add(name, url, fmt=fmt, on=tuple(on), secret=secret, allow_private=allow)
     except UsageError as exc:         # the notify layer's own checks (a URL with a password, ...)
         words = str(exc).lower()
-        field = "w-secret" if "secret" in words else "w-url" if "url" in words else "w-name"
+        field = "w-url" if "url" in words else "w-secret" if "secret" in words else "w-name"
         raise S.Invalid(field, str(exc)) from None
     return listing()
+
+
+def http_url(value, field, what):
+    """One http:// or https:// address with a host (stripped), or Invalid naming the field."""
+    if not isinstance(value, str) or not value.strip() or len(value) > 2000 or \
+            any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value.strip()):
+        raise S.Invalid(field, f"{what} is one http:// or https:// address")
+    value = value.strip()
+    try:
+        parts = urllib.parse.urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port                                 # noqa: B018 - raises on a bad port
+    except ValueError:
+        ok = False
+    if not ok:
+        raise S.Invalid(field, f"{what} must be http:// or https:// with a host")
+    return value
 
 
 def webhook_remove(app, req, name):
@@ -153,15 +173,7 @@ def webhook_base_url(app, req):
     if "url" not in body:
         raise S.Invalid("w-base-url", "send {\"url\": \"https://...\"} (or null to clear it)")
     url = body["url"]
-    if url in (None, ""):
-        url = None
-    elif not isinstance(url, str) or len(url) > 2000 or any(c in url for c in "\r\n\0 "):
-        raise S.Invalid("w-base-url", "the base URL is one http:// or https:// address")
-    else:
-        parts = urllib.parse.urlsplit(url.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise S.Invalid("w-base-url", "the base URL must be http:// or https:// with a host")
-        url = url.strip()
+    url = None if url in (None, "") else http_url(url, "w-base-url", "the base URL")
     ops.webhook_base_url(url)
     return listing()
 

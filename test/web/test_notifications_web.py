@@ -126,7 +126,9 @@ def test_a_private_target_is_refused_without_allow_private(ui, receiver):
 @pytest.mark.parametrize("change, field", [
     ({"name": "bad/name"}, "w-name"), ({"name": ""}, "w-name"), ({"name": "-x"}, "w-name"),
     ({"url": "ftp://example.com/x"}, "w-url"), ({"url": "not a url"}, "w-url"),
-    ({"url": "http:///nohost"}, "w-url"), ({"format": "xml"}, "w-format"),
+    ({"url": "http:///nohost"}, "w-url"), ({"url": "http://[::1"}, "w-url"),
+    ({"url": "http://h:99999/"}, "w-url"), ({"url": "http://user:pw@example.com/"}, "w-url"),
+    ({"url": None}, "w-url"), ({"secret": "   "}, "w-secret"), ({"format": "xml"}, "w-format"),
     ({"on": ["no.such_act"]}, "w-on"), ({"on": [1]}, "w-on"),
     ({"secret": 5}, "w-secret"), ({"secret": "a\nb"}, "w-secret"),
     ({"allow_private": "yes"}, "w-private"), ({"extra": 1}, "w-name"),
@@ -143,7 +145,7 @@ def test_bad_paths_and_bodies(ui):
     assert ui.request("POST", "/api/webhooks/a..b%2Fc/test", body={}).status == 400
     assert ui.request("DELETE", "/api/webhooks/nosuch").status == 404
     assert ui.request("POST", "/api/webhooks/nosuch/test", body={}).status == 404
-    for body in ({}, {"url": "ftp://x"}, {"url": 7}, {"url": "http://a b"}):
+    for body in ({}, {"url": "ftp://x"}, {"url": 7}, {"url": "http://a b"}, {"url": "https://[x"}):
         r = ui.put("/api/webhooks/base-url", body)
         assert r.status == 400 and r.json["field"] == "w-base-url", (body, r.body)
     assert ui.request("GET", "/api/webhooks/deliveries?limit=0").status == 400
