@@ -96,6 +96,25 @@ def test_export_is_a_download_another_home_imports(ui, home, tmp_path):
     assert "UNVERIFIED" in stranger("import", bundle, check=0).out
 
 
+def test_no_export_while_the_agent_works(ui, fake):
+    """A run under way: 409, in words (the bundle would catch it half-way); once it has
+    stopped, the export goes."""
+    require_kernel()
+    slow = fake.turn(text="thinking it over")
+    slow.stall = 3
+    fake.queue(slow)
+    ui.use(fake)
+    sid = ui.ok("POST", "/api/chats", {"message": "take your time"})["sid"]
+    with ui.events(sid) as ev:
+        ev.until(lambda name, data: name == "state" and data["running"]
+                 or name == "snapshot" and data["running"])
+        r = ui.get(f"/api/session/{sid}/export")
+        assert r.status == 409 and "Stop first" in r.json["error"], r.body
+        ev.until(lambda name, data: name == "state" and not data["running"])
+    r = ui.get(f"/api/session/{sid}/export")
+    assert r.status == 200 and "manifest.json" in members(r.body)
+
+
 def test_bad_and_unknown_sessions(ui):
     assert ui.get("/api/session/not-a-sid/export").status == 400
     r = ui.get("/api/session/20200101-000000-abcdef/export")

@@ -187,8 +187,8 @@ const RUNNING = (() => {
     if (!d) { bar_.hidden = true; return; }
     bar_.hidden = false;
     const line = $("session-cost");
-    line.textContent = d.cost ? `Cost: ${costText(d.cost)}` : "";
-    line.hidden = !d.cost;
+    const c = d.cost, spent = c && ((num(c.tokens) || 0) > 0 || (num(c.calls) || 0) > 0 || (num(c.usd) || 0) > 0);
+    line.textContent = spent ? `Cost: ${costText(c)}` : c ? "No model calls yet." : "";
     const link = $("export");
     link.href = `/api/session/${encodeURIComponent(d.meta.sid)}/export`;
     link.setAttribute("download", `${d.meta.sid}.ovl`);
