@@ -137,3 +137,37 @@ def test_a_resealed_spend_cache_with_negative_totals_is_not_trusted(o, meter):
                      + body[1:] + b"\n")
     assert cost.session_total(SID)["calls"] == 1
     assert m.check("turn") is not None, "a negative day total in the cache opened the line again"
+
+
+REPLY_MODEL_HOLE = pytest.mark.xfail(strict=True, reason="HOLE: the ledger prices a call by the model id the REPLY "
+                   "names (loop.charge: reply.model or endpoint.model), a string the provider or "
+                   "anything between chooses: a reply naming an unpriced id makes a call to a "
+                   "priced model cost $0 to every dollar line, so session_usd/day_usd never stop "
+                   "it. Price by the requested model when the reply's id is unpriced (or the dearer "
+                   "of the two), or treat an unpriced call as over a dollar line")
+
+
+@pytest.mark.parametrize("reply_model", [None, pytest.param("free-as-in-beer-9", marks=REPLY_MODEL_HOLE)])
+def test_the_reply_cannot_choose_an_unpriced_model_to_slip_a_dollar_line(home, target, reply_model):
+    """None: the reply names the model asked for (the control: the line stops the 2nd call)."""
+    import sys
+    from conftest import REPO, require_backend
+    sys.path.insert(0, os.path.join(REPO, "test", "agent"))
+    from agentlib import AgentOvl
+    from fakes import AnthropicFake
+    require_backend("kernel")
+    kovl = AgentOvl(home, "kernel")
+    fake = AnthropicFake()
+    kovl("cost", "set-price", fake.MODEL, "--input", "1000", "--output", "1000", check=0)
+    kovl("cost", "budget", "--session-usd", "0.01", check=0)
+    big = {"input_tokens": 10000, "output_tokens": 10000, "cache_read_input_tokens": 0,
+           "cache_creation_input_tokens": 0}
+    fake.queue(*[fake.turn(text=f"turn {i}", model=reply_model,
+                           calls=[("write_file", {"path": f"f{i}.txt", "content": "x\n"})], usage=big)
+                 for i in range(3)])
+    try:
+        sid, proc = kovl.agent(target, "write files", "--provider", "anthropic",
+                               "--model", fake.MODEL, "--base-url", fake.url)
+    finally:
+        fake.close()
+    assert len(fake.requests) == 1, f"{len(fake.requests)} calls past a $0.01 line (each ~$20)"
