@@ -415,6 +415,20 @@ def build(session, plan, out):
     sig = sign(key, mbytes).encode("ascii")
     counting = _Counting(out)
     tar = TarWriter(counting, int(now))
+    try:
+        _write_members(tar, mbytes, sig, members)
+    except BaseException:
+        tar.abort()
+        raise
+    counting.flush()
+    return {"sid": session.sid, "state": state, "members": len(members) + 2,
+            "bytes": counting.n, "sha256": counting.h.hexdigest(), "key_id": fingerprint(key),
+            "changes": None if changes is None else
+            {"files": sum(1 for m in members if m.name.startswith(TREE)),
+             "deleted": len(changes["deleted"])}}
+
+
+def _write_members(tar, mbytes, sig, members):
     tar.file(MANIFEST, 0o600, mbytes)
     tar.file(SIG, 0o600, sig)
     for m in members:
@@ -432,12 +446,6 @@ def build(session, plan, out):
             finally:
                 os.close(fd)
     tar.close()
-    counting.flush()
-    return {"sid": session.sid, "state": state, "members": len(members) + 2,
-            "bytes": counting.n, "sha256": counting.h.hexdigest(), "key_id": fingerprint(key),
-            "changes": None if changes is None else
-            {"files": sum(1 for m in members if m.name.startswith(TREE)),
-             "deleted": len(changes["deleted"])}}
 
 
 # -- tar, strictly -------------------------------------------------------------------------------
@@ -488,18 +496,45 @@ def _ustar(name, flag, mode, size, mtime, link=b""):
 
 
 class TarWriter:
-    """Writes members to a binary file object as one gzip stream (level 6, as `tar czf`)."""
+    """Writes members to a binary file object as one gzip stream (level 6, as `tar czf`). The
+    compression runs on a thread of its own (zlib lets go of the GIL), overlapping the reads
+    and headers as `tar czf`'s separate gzip process does."""
+
+    CHUNK = 1 << 20
 
     def __init__(self, out, mtime):
+        import queue
+        import threading
         self.out, self.mtime = out, mtime
         self.z = zlib.compressobj(6, zlib.DEFLATED, 31)
         self.buf = bytearray()
+        self.q = queue.Queue(maxsize=4)
+        self.failed = None
+        self.thread = threading.Thread(target=self._compress, daemon=True)
+        self.thread.start()
+
+    def _compress(self):
+        while True:
+            data = self.q.get()
+            if data is None and self.failed is not None:
+                return
+            if self.failed is not None:
+                continue                          # drain: the writer is stopping
+            try:
+                if data is None:
+                    self.out.write(self.z.flush())
+                    return
+                self.out.write(self.z.compress(data))
+            except BaseException as exc:          # noqa: BLE001 - re-raised in close()
+                self.failed = exc
 
     def _put(self, data):
         self.buf += data
-        if len(self.buf) >= 1 << 20:
-            self.out.write(self.z.compress(bytes(self.buf)))
+        if len(self.buf) >= self.CHUNK:
+            self.q.put(bytes(self.buf))
             self.buf.clear()
+            if self.failed is not None:
+                raise self.failed
 
     def _header(self, name, kind, mode, size, link=None):
         pax = []
@@ -547,8 +582,18 @@ class TarWriter:
 
     def close(self):
         self._put(_ZERO * 2)
-        self.out.write(self.z.compress(bytes(self.buf)) + self.z.flush())
+        self.q.put(bytes(self.buf))
         self.buf.clear()
+        self.q.put(None)
+        self.thread.join()
+        if self.failed is not None:
+            raise self.failed
+
+    def abort(self):
+        """Stop the compressing thread after a failure (what was written is discarded)."""
+        self.failed = self.failed or OverlordError("export abandoned")
+        self.q.put(None)                 # the thread drains what is queued, then stops
+        self.thread.join()
 
 
 @dataclasses.dataclass
