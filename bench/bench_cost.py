@@ -55,6 +55,8 @@ def build_ledger(path, lines, folder_of):
                 f.write(b"".join(chunk))
                 chunk = []
         f.write(b"".join(chunk))
+        f.flush()
+        os.fsync(f.fileno())              # on the disk before timing: no writeback of it meanwhile
     return sids
 
 
@@ -80,6 +82,7 @@ def bench_size(tmp, lines, calls):
     t = time.perf_counter()
     cost.session_total(sid)                # no caches yet: rebuilt from the whole ledger once
     rebuilt = time.perf_counter() - t
+    os.sync()
     meter = cost.Meter(sid, folders[7], "user7")
     assert meter.total()["calls"] == len(range(7, lines, 1000))
     for _ in range(20):                    # warm
