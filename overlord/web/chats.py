@@ -556,6 +556,11 @@ def view_of(event, index):
     elif kind == "connector_error":
         view.update({k: event.get(k) for k in ("turn", "call", "server")})
         view["message"] = event.get("message") if isinstance(event.get("message"), str) else None
+    elif kind == "budget":
+        # a cost line reached before a model call (overlord/agent/loop.py check_budget): its
+        # own words name the line, its source and what was spent
+        view.update({k: event.get(k) for k in ("key", "limit", "spent", "source", "kind")})
+        view["message"] = event.get("message") if isinstance(event.get("message"), str) else None
     elif kind in ("error", "done"):
         # the reason a run failed is the point of these: its message is the provider's or the
         # session's own line (`cannot reach 127.0.0.1:11434: connection refused`)

@@ -170,8 +170,8 @@ def test_a_budget_stop_is_one_clear_line_in_the_chat(ui, home, fake, pages):
     page.click("#send")
     stop = page.locator(".note.budget-stop")
     expect(stop).to_be_visible()
-    expect(stop).to_contain_text("Stopped: the session_tokens budget")
-    expect(stop).to_contain_text("is reached")
+    expect(stop).to_have_text("Stopped: the session_tokens budget of 40 tokens (config) is reached: "
+                              "47 tokens spent.")
     expect(page.locator(".note.done")).to_contain_text("Stopped at a budget line")
     assert len(fake.requests) == 1
     # the work so far stays for review

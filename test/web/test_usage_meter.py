@@ -146,6 +146,7 @@ def test_openai_readings_amber_red_a_duration_reset_and_retry_after(ui, home, pa
                                 "x-ratelimit-reset-tokens": "6m0s", "x-ratelimit-limit-requests": "100",
                                 "x-ratelimit-remaining-requests": "9", "x-ratelimit-reset-requests": "1s",
                                 "retry-after": "20"})
+    ratelimit.record("anthropic", {"anthropic-ratelimit-requests-remaining": "49"})     # no limit stated
     saved = json.loads((home / "ratelimit.json").read_text())
     assert saved["openai"]["headers"]["x-ratelimit-remaining-tokens"] == "30000"
     page = pages()
@@ -167,3 +168,9 @@ def test_openai_readings_amber_red_a_duration_reset_and_retry_after(ui, home, pa
     phone.click("#rail-open")
     expect(row(phone, "openai:requests")).to_be_in_viewport()
     no_overflow(phone)
+    # a remaining count without its limit: the count, no bar, and the words say so
+    partial = row(page, "anthropic:requests")
+    expect(partial).to_contain_text("49 left")
+    expect(partial).to_contain_text("the provider did not state the limit")
+    expect(partial.locator("progress")).to_have_count(0)
+    expect(row(page, "anthropic:tokens")).to_contain_text("no reading yet")

@@ -60,6 +60,13 @@ const RUNNING = (() => {
   function rateRow(provider, key, label, bucket) {
     const limit = bucket ? num(bucket.limit) : null, left = bucket ? num(bucket.remaining) : null;
     const row = h("li", {class: "meter-row", dataset: {meter: `${provider}:${key}`}});
+    if (limit === null && left !== null) {        /* what is left, without the limit it is of */
+      row.classList.add("meter-partial");
+      const reset = resetText(bucket.reset);
+      OV.append(row, [h("span", {class: "meter-label"}, label), h("span", {class: "meter-text"}, `${count(left)} left`),
+                      h("span", {class: "meter-note"}, "the provider did not state the limit", reset ? ` \u00b7 ${reset}` : null)]);
+      return row;
+    }
     if (limit === null || left === null) {
       row.classList.add("meter-none");
       row.append(h("span", {class: "meter-label"}, label), h("span", {class: "meter-text"}, "no reading yet"));
