@@ -144,7 +144,8 @@ def _replay(staged, meta, target, owner, backend):
             B.write_payload(sid, payload)
             payload.flush()
             payload.seek(0)
-            res = exec_in(new, [sys.executable, "-I", "-c", B.WRITER, get_session(new).target],
+            session = get_session(new)
+            res = exec_in(new, [_interpreter(session), "-I", "-c", B.WRITER, session.target],
                           cause=cause, stdio=(payload.fileno(), err.fileno(), err.fileno()))
             if res.exit_code != 0 or res.timed_out:
                 err.seek(0)
@@ -178,6 +179,20 @@ def _replay(staged, meta, target, owner, backend):
         except OverlordError:
             pass
         raise
+
+
+def _interpreter(session):
+    """The Python the writer runs on: ours, unless the session is jailed and ours lives
+    outside the system directories a jail shows (a pyenv, a venv under /home)."""
+    if not session.meta["grants"].get("jail"):
+        return sys.executable
+    from overlord.sandbox.jail import SYSTEM_DIRS
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"):
+        real = os.path.realpath(candidate)
+        if os.access(real, os.X_OK) and any(real.startswith(d + "/") for d in SYSTEM_DIRS):
+            return candidate
+    raise OverlordError("the replay runs jailed here and no python3 is in the jail's system "
+                        "directories (/usr/bin/python3)")
 
 
 # -- the key -------------------------------------------------------------------------------------

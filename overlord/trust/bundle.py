@@ -1228,7 +1228,7 @@ def imported_changes(sid):
 # files' bytes, in order, from stdin. Every path is walked from the folder's root one
 # component at a time with O_NOFOLLOW: nothing it writes goes through a symlink.
 WRITER = r'''
-import json, os, shutil, stat, sys
+import json, os, stat, sys
 root = sys.argv[1]
 inp = sys.stdin.buffer
 ops = json.loads(inp.readline())
@@ -1262,10 +1262,20 @@ def lst(fd, name):
 def remove(fd, name, st):
     if st is None:
         return
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=fd)
-    else:
+    if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=fd)
+        return
+    try:
+        dfd = os.open(name, D, dir_fd=fd)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=fd)
+        dfd = os.open(name, D, dir_fd=fd)
+    try:
+        for child in os.listdir(dfd):
+            remove(dfd, child, os.lstat(child, dir_fd=dfd))
+    finally:
+        os.close(dfd)
+    os.rmdir(name, dir_fd=fd)
 dirs = []
 for op in ops["ops"]:
     kind, path = op["op"], op["path"]

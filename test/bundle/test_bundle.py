@@ -322,3 +322,24 @@ def test_web_can_stream_an_export(tmp_path, target, monkeypatch):
     b = machine(tmp_path, "b")
     share_key(a, b, tmp_path)
     assert json.loads(b("import", tmp_path / "w.ovl", "--json", check=0).out)["verified"] is True
+
+
+def test_replay_under_a_policy_that_forces_the_jail(tmp_path):
+    """The replay runs as `overlord run` would on that folder: a policy forcing the jail makes
+    it a jailed session, and the writer still lands the changes (a Python the jail shows)."""
+    require_backend("kernel")
+    a, b = machine(tmp_path, "a", "kernel"), machine(tmp_path, "b", "kernel")
+    ta, tb = prepare(tmp_path / "ta"), prepare(tmp_path / "tb")
+    sid = session(a, ta, "echo jailed > j.txt; rm -r olddir; ln -s j.txt jl")
+    export(a, sid, tmp_path / "s.ovl")
+    policy = os.path.join(b.home, "policy.json")
+    with open(policy, "w") as f:
+        json.dump({"default": {"jail": True}}, f)
+    os.chmod(policy, 0o600)
+    res = json.loads(b("import", tmp_path / "s.ovl", "-t", tb, "--json", check=0).out)
+    meta = json.loads(open(os.path.join(b.home, "sessions", res["new_sid"], "meta.json")).read())
+    assert meta["grants"].get("jail") is True
+    assert b.diff(res["new_sid"]) == a.diff(sid)
+    a("commit", sid, check=0)
+    b("commit", res["new_sid"], check=0)
+    assert snapshot(tb) == snapshot(ta)
