@@ -27,10 +27,8 @@ docs/BUNDLES.md.
 import dataclasses
 import hashlib
 import hmac
-import io
 import json
 import os
-import posixpath
 import re
 import secrets
 import shutil

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from bundlelib import (audit_lines, crafted, info, key_of, machine, manifest_of, meta_member,
+from bundlelib import (crafted, info, key_of, machine, manifest_of, meta_member,
                        read_bundle, session, share_key, untouched_store, write_tgz, export)
 
 
