@@ -67,8 +67,8 @@ def cmd_export(args):
         R.dump_json(info)
         return 0
     ch = info.get("changes")
-    what = (f"{ch['files']} changed paths, {ch['deleted']} deletions" if ch else
-            f"{info['state']} record")
+    what = (f"{ch['files']} path{'' if ch['files'] == 1 else 's'} written, {ch['deleted']} "
+            f"deletion{'' if ch['deleted'] == 1 else 's'}" if ch else f"{info['state']} record")
     print(f"exported session {sid} ({what}) to {R.escape_path(info['path'])}")
     print(f"  {info['members']} members, {info['bytes']:,} bytes, sha256 {info['sha256']}")
     print(f"  signed with bundle key {info['key_id']}")
