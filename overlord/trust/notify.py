@@ -814,8 +814,7 @@ def send(name, hook, entry, base_url, ident=None):
                     secret = vault.resolve(secret, f"webhook {name}")
                 except Exception as exc:  # noqa: BLE001 - an unresolved secret: no delivery
                     return {"ok": False, "status": None, "retry": True,
-                            "error": f"the signing secret could not be resolved: "
-                                     f"{_scrub(str(exc), secret)}"}
+                            "error": f"the signing secret could not be resolved: {exc}"}
             headers[SIGNATURE_HEADER] = signature(secret, int(time.time()), body)
         status = _post(hook["url"], body, headers, hook.get("allow_private", False))
     except _Fail as exc:
@@ -831,10 +830,6 @@ def send(name, hook, entry, base_url, ident=None):
     if 400 <= status < 500:
         return {"ok": False, "status": status, "retry": False, "error": f"HTTP {status}"}
     return {"ok": False, "status": status, "retry": True, "error": f"HTTP {status}"}
-
-
-def _scrub(text, secret):
-    return text.replace(secret, "***") if secret else text
 
 
 def _post(url, body, headers, allow_private):
