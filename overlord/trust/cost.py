@@ -94,6 +94,8 @@ DEFAULT_PRICES = {
     "gemini-2.5-flash-lite": (0.10, 0.40, 0.025, 0.0),
 }
 MAX_MODEL = 200
+MAX_PRICE = 1e6                 # USD per million tokens: a price above it is a typo, refused
+MAX_CALL_TOKENS = 10 ** 9       # per kind per call: far past any context window, far below 2**53
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -234,9 +236,9 @@ def _check_price_entry(p):
     for k, v in p.items():
         if v is None and k in ("cache_read", "cache_write"):
             continue
-        if not _finite(v) or v < 0:
-            raise UsageError(f"{k} must be a finite number of USD per million tokens >= 0, "
-                             f"not {_shown(v)}")
+        if not _finite(v) or v < 0 or v > MAX_PRICE:
+            raise UsageError(f"{k} must be a finite number of USD per million tokens from 0 to "
+                             f"{MAX_PRICE:,.0f}, not {_shown(v)}")
 
 
 def check_model(model):
@@ -359,8 +361,14 @@ def set_budget(scope="config", clear=(), **lines):
 # -- pricing one call ---------------------------------------------------------------------------
 
 def _count(value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+    """A token count as the ledger keeps it: a whole number from 0 to MAX_CALL_TOKENS (a
+    reply claiming 1e308 tokens is counted at the ceiling -- never as inf, never as 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return MAX_CALL_TOKENS if value > 0 else 0       # +inf at the ceiling; nan, -inf none
+    if value >= MAX_CALL_TOKENS:
+        return MAX_CALL_TOKENS
     return max(0, int(value))
 
 
@@ -396,15 +404,30 @@ def priced(model, counts, table=None):
     return round(usd, 10), not missing, missing
 
 
-def line_for(sid, target, owner, kind, provider, model, usage, ts=None, table=None):
-    """The ledger line one call writes (not written)."""
+def line_for(sid, target, owner, kind, provider, model, usage, ts=None, table=None,
+             requested=None):
+    """The ledger line one call writes (not written). model: the id the reply named;
+    requested: the id the call asked for. The reply's id is a string the provider (or anything
+    between) chooses, so it cannot make a call cheaper than the model asked for: when both are
+    priced the dearer price is used, when only one is, that one; "priced_as" then names the
+    price entry used."""
     if kind not in KINDS:
         raise ValueError(f"unknown ledger kind {kind!r} (one of {', '.join(KINDS)})")
+    table = prices() if table is None else table
     counts = normalize(provider, usage)
     usd, ok, missing = priced(model, counts, table)
+    as_ = None
+    if isinstance(requested, str) and requested and requested != model:
+        r_usd, r_ok, r_missing = priced(requested, counts, table)
+        if r_usd is not None and (usd is None or r_usd > usd):
+            usd, ok, missing, as_ = r_usd, r_ok, r_missing, price(requested, table)["match"]
+    if usd is not None and not _finite(usd):
+        raise ValueError("a call priced at a non-finite amount")      # cannot happen: clamped
     line = {"ts": _iso(_now() if ts is None else ts), "sid": sid, "account": owner,
             "kind": kind, "provider": provider, "model": model, **counts,
             "usd": usd, "priced": ok, "target": os.fspath(target) if target is not None else None}
+    if as_ is not None:
+        line["priced_as"] = as_
     if missing and usd is not None:
         line["unpriced_parts"] = missing
     return line
@@ -491,19 +514,38 @@ def _trim(spend, now=None):
     spend["month"] = {k: v for k, v in spend["month"].items() if k in months}
 
 
+def _whole(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _amount(value):
+    return _finite(value) and value >= 0
+
+
 def _valid_spend(doc):
-    return isinstance(doc, dict) and isinstance(doc.get("offset"), int) and doc["offset"] >= 0 \
-        and all(isinstance(doc.get(p), dict) and all(isinstance(v, dict) for v in doc[p].values())
-                for p in ("day", "month"))
+    """A spend.json whose every figure could have come from the ledger (an offset, finite
+    sums >= 0); anything else is rebuilt, however well sealed."""
+    if not isinstance(doc, dict) or not _whole(doc.get("offset")):
+        return False
+    for period in ("day", "month"):
+        table = doc.get(period)
+        if not isinstance(table, dict):
+            return False
+        for scopes in table.values():
+            if not isinstance(scopes, dict) or not all(_amount(v) for v in scopes.values()):
+                return False
+    return True
 
 
 def _valid_session(doc):
-    if not isinstance(doc, dict) or not isinstance(doc.get("offset"), int) or doc["offset"] < 0:
+    if not isinstance(doc, dict) or not _whole(doc.get("offset")):
         return False
-    if not all(isinstance(doc.get(k), int) and not isinstance(doc.get(k), bool)
-               for k in ("calls", "tokens") + TOKEN_KEYS):
+    if not all(_whole(doc.get(k)) for k in ("calls", "tokens") + TOKEN_KEYS):
         return False
-    return _finite(doc.get("usd")) and isinstance(doc.get("unpriced"), list)
+    if doc["tokens"] != sum(doc[k] for k in TOKEN_KEYS):
+        return False
+    return _amount(doc.get("usd")) and isinstance(doc.get("unpriced"), list) \
+        and all(isinstance(m, str) for m in doc["unpriced"])
 
 
 def _read_json(path):
@@ -713,8 +755,9 @@ def _round(spend, sessions):
 
 
 def _append(fd_w, line):
-    """Append one whole line (terminating a torn last line first), fsynced."""
-    data = (json.dumps(line, sort_keys=True) + "\n").encode()
+    """Append one whole line (terminating a torn last line first), fsynced; strict JSON (a
+    non-finite number is refused before anything is written)."""
+    data = (json.dumps(line, sort_keys=True, allow_nan=False) + "\n").encode()
     size = os.fstat(fd_w).st_size
     if size and os.pread(fd_w, 1, size - 1) != b"\n":
         data = b"\n" + data                     # a crash's fragment stays one damaged line
@@ -924,16 +967,18 @@ class Meter:
         spend, session = _snapshot(self.sid)
         return _evaluate(lines, spend, session)
 
-    def charge(self, kind, provider, model, usage):
-        """Write the call's ledger line and fold it into the totals; returns the line. Prices
-        from a cost.json that cannot be used fall back to the defaults (the spend happened
-        either way)."""
+    def charge(self, kind, provider, model, usage, requested=None):
+        """Write the call's ledger line and fold it into the totals; returns the line. model:
+        the id the reply named (else the one asked for); requested: the id the call asked for
+        (the reply's id never makes a call cheaper than that: see line_for). Prices from a
+        cost.json that cannot be used fall back to the defaults (the spend happened either
+        way)."""
         try:
             table = prices()
         except OverlordError:
             table = _DEFAULTS
         line = line_for(self.sid, self.target, self.owner, kind, provider, model, usage,
-                        table=table)
+                        table=table, requested=requested)
         return record(line)
 
     def total(self):

@@ -1,6 +1,7 @@
 """Prices (defaults, cost.json overrides, longest-prefix match, unpriced and priced-in-part
 calls), the ledger line one call writes, and the running totals it folds into."""
 import json
+import math
 import os
 import stat
 
@@ -174,11 +175,53 @@ def test_cache_reads_and_writes_are_priced_by_their_own_rates(home):
     assert meter.charge("turn", "anthropic", "c", usage(cw=1_000_000))["usd"] == pytest.approx(100)
 
 
+def test_an_absurd_token_count_is_held_at_the_ceiling_never_inf_never_zero(home):
+    cost.set_budget("config", session_usd=1)
+    meter = cost.Meter(new_session(), None, None)
+    for claim in (1e308, float("inf"), 10 ** 400):
+        line = meter.charge("turn", "anthropic", "claude-haiku-4-5", {"output_tokens": claim})
+        assert line["output_tokens"] == cost.MAX_CALL_TOKENS
+        assert line["usd"] == pytest.approx(cost.MAX_CALL_TOKENS * 5 / 1e6)
+    for raw in (home / "ledger.jsonl").read_text().splitlines():
+        json.loads(raw, parse_constant=lambda name: pytest.fail(f"not JSON: {name}"))
+    assert meter.check("turn").key == "session_usd"
+
+
+def test_a_price_past_the_ceiling_is_refused(home):
+    with pytest.raises(UsageError, match="from 0 to"):
+        cost.set_price("m", cost.MAX_PRICE * 10, 1)
+    cost.set_price("m", cost.MAX_PRICE, cost.MAX_PRICE)
+    assert not math.isinf(cost.Meter(new_session(), None, None).charge(
+        "turn", "anthropic", "m", {"input_tokens": 1e308, "output_tokens": 1e308})["usd"])
+
+
+def test_the_reply_cannot_name_a_cheaper_or_unpriced_model(home):
+    """The model id a reply names is the provider's string: the call is never priced below the
+    model it asked for."""
+    meter = cost.Meter(new_session(), None, None)
+    u = {"input_tokens": 1_000_000}
+    line = meter.charge("turn", "anthropic", "free-as-in-beer", u, requested="claude-opus-4-1")
+    assert line["usd"] == pytest.approx(15) and line["priced"] is True
+    assert line["model"] == "free-as-in-beer" and line["priced_as"] == "claude-opus-4-1"
+    cheaper = meter.charge("turn", "anthropic", "claude-haiku-4-5", u, requested="claude-opus-4-1")
+    assert cheaper["usd"] == pytest.approx(15) and cheaper["priced_as"] == "claude-opus-4-1"
+    dearer = meter.charge("turn", "anthropic", "claude-opus-4-1", u, requested="claude-haiku-4-5")
+    assert dearer["usd"] == pytest.approx(15) and "priced_as" not in dearer   # a fallback up
+    dated = meter.charge("turn", "anthropic", "claude-haiku-4-5-20251001", u,
+                         requested="claude-haiku-4-5")
+    assert dated["usd"] == pytest.approx(1) and "priced_as" not in dated
+    both = meter.charge("turn", "anthropic", "nope-1", u, requested="nope-2")
+    assert both["usd"] is None and both["priced"] is False
+
+
 def test_odd_usage_values_count_as_zero_never_as_a_crash(home):
     meter = cost.Meter(new_session(), None, None)
     line = meter.charge("turn", "anthropic", "claude-haiku-4-5",
                         {"input_tokens": "12", "output_tokens": float("nan"), "cache_read_tokens": -4,
                          "cache_write_tokens": True})
+    assert [line[k] for k in cost.TOKEN_KEYS] == [0, 0, 0, 0]
+    line = meter.charge("turn", "anthropic", "claude-haiku-4-5",
+                        {"input_tokens": float("-inf"), "output_tokens": [1], "cache_read_tokens": {}})
     assert [line[k] for k in cost.TOKEN_KEYS] == [0, 0, 0, 0]
     assert cost.Meter(new_session(), None, None).charge("turn", "x", "y", None)["input_tokens"] == 0
 

@@ -1,6 +1,7 @@
 """The running totals: folded from the ledger's offset, caught up after a crash, rebuilt when
 damaged, never counting a line twice, never losing one when processes charge at once -- and a
 check never re-reads the ledger."""
+import hashlib
 import json
 import os
 import subprocess
@@ -111,6 +112,50 @@ def test_a_cache_write_cut_short_is_never_trusted(home):
             assert machine_today(home) == pytest.approx(3 * PER)
         path.write_bytes(whole.replace(b'"calls":3', b'"calls":9'))
         assert cost.session_total(a)["calls"] == 3
+
+
+def reseal(path, edit):
+    """Edit a cache and seal it again as the cache itself does (the digest is no secret)."""
+    raw = path.read_bytes()
+    doc = json.loads(raw)
+    doc.pop("sha256")
+    edit(doc)
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    path.write_bytes(b'{"sha256":"' + hashlib.sha256(body).hexdigest()[:32].encode() + b'",'
+                     + body[1:] + b"\n")
+
+
+def negative_totals(doc):
+    for period in ("day", "month"):
+        for scopes in doc[period].values():
+            for k in scopes:
+                scopes[k] = -1e6
+
+
+@pytest.mark.parametrize("edit", [
+    negative_totals,
+    lambda doc: doc["day"].update({max(doc["day"]): {"*": float("nan")}}),
+    lambda doc: doc["day"].update({max(doc["day"]): {"*": "0"}}),
+    lambda doc: doc.update(offset=True)])
+def test_a_resealed_spend_json_with_impossible_figures_is_rebuilt(home, edit):
+    a = new_session()
+    cost.set_budget("config", day_usd=PER)
+    cost.Meter(a, None, None).charge("turn", "anthropic", HAIKU, ONE)
+    reseal(home / "spend.json", edit)
+    assert cost.Meter(a, None, None).check("turn").key == "day_usd"
+    assert machine_today(home) == pytest.approx(PER)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda doc: doc.update(usd=-5.0), lambda doc: doc.update(calls=-1),
+    lambda doc: doc.update(tokens=0), lambda doc: doc.update(usd=float("inf")),
+    lambda doc: doc.update(unpriced=[3])])
+def test_a_resealed_session_file_with_impossible_figures_is_rebuilt(home, edit):
+    a = new_session()
+    cost.Meter(a, None, None).charge("turn", "anthropic", HAIKU, ONE)
+    reseal(session_file(home, a), edit)
+    total = cost.session_total(a)
+    assert total["calls"] == 1 and total["usd"] == pytest.approx(PER) and total["tokens"] == 1100
 
 
 def test_a_symlink_or_fifo_planted_for_a_cache_is_replaced_never_followed(home, tmp_path):
