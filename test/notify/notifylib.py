@@ -23,8 +23,8 @@ class Receiver:
     `answers` is a list of statuses used in turn (the last repeats); `hang` makes it read the
     request and never answer (until closed)."""
 
-    def __init__(self, answers=(200,), hang=False):
-        self.answers, self.hang = list(answers), hang
+    def __init__(self, answers=(200,), hang=False, tls=None):
+        self.answers, self.hang, self.tls = list(answers), hang, tls
         self.requests, self.lock, self.closing = [], threading.Lock(), threading.Event()
         self.active, self.most_active = 0, 0
         self.sock = socket.socket()
@@ -71,6 +71,9 @@ class Receiver:
     def _handle(self, conn):
         with conn:
             try:
+                if self.tls is not None:
+                    conn.settimeout(10)
+                    conn = self.tls.wrap_socket(conn, server_side=True)
                 got = self._read_request(conn)
             except OSError:
                 return
@@ -121,8 +124,8 @@ class Receiver:
 def receiver():
     made = []
 
-    def make(*answers, hang=False):
-        r = Receiver(answers or (200,), hang=hang)
+    def make(*answers, hang=False, tls=None):
+        r = Receiver(answers or (200,), hang=hang, tls=tls)
         made.append(r)
         return r
     yield make

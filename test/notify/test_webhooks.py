@@ -482,8 +482,43 @@ def test_with_no_webhooks_an_act_costs_a_stat_and_loads_nothing(home):
     assert "overlord.trust.notify" in mods
     assert not (home / "notify").exists() and not (home / "webhooks.json").exists()
     # the module alone (imported on every append) brings in nothing heavy
-    probe = "import sys; before = set(sys.modules); import overlord.trust.notify; print(sorted(set(sys.modules) - before))"
+    probe = ("import sys, json, os; before = set(sys.modules); import overlord.trust.notify; "
+             "print(sorted(set(sys.modules) - before))")        # (audit.py imports json and os)
     mods = eval(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                env=env, check=True).stdout)      # noqa: S307
-    assert [m for m in mods if not m.startswith(("overlord", "json", "_json"))] == []
+    assert [m for m in mods if not m.startswith("overlord")] == []
     assert [m for m in mods if m.startswith("overlord")] == ["overlord", "overlord.trust", "overlord.trust.notify"]
+
+
+def test_https_goes_to_the_checked_address_with_sni_and_a_verified_certificate(
+        cli, home, tmp_path, monkeypatch, receiver):
+    """https: the socket to the checked address is wrapped with the default context, the
+    server name (SNI) and the certificate check naming the URL's host."""
+    import socket
+    import ssl
+    from conftest import require_tool
+    from overlord.trust import notify
+    require_tool("openssl")
+    cli("tls", "selfsign", "--host", "hooks.test", "--out", tmp_path / "tls", check=0)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "tls" / "cert.pem", tmp_path / "tls" / "key.pem")
+    names = []
+    ctx.sni_callback = lambda sock, name, _ctx: names.append(name)
+    r = receiver(200, tls=ctx)
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **kw: real(
+        "127.0.0.1" if host in ("hooks.test", "other.test") else host, *a, **kw))
+    entry = {"action": "session.open", "sid": SID}
+    hook = {"url": f"https://hooks.test:{r.port}/in", "format": "json", "on": ["*"],
+            "secret": None, "allow_private": True}
+    untrusted = notify.send("h", hook, entry, None)          # self-signed: not trusted
+    assert not untrusted["ok"] and untrusted["retry"] and "TLS with hooks.test failed" in untrusted["error"]
+    assert r.requests == []
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "tls" / "cert.pem"))
+    trusted = notify.send("h", hook, entry, None)
+    assert trusted["ok"], trusted
+    assert names[-1] == "hooks.test"
+    assert r.requests[0]["headers"]["host"] == f"hooks.test:{r.port}"
+    wrong = notify.send("h", dict(hook, url=f"https://other.test:{r.port}/in"), entry, None)
+    assert not wrong["ok"] and "TLS with other.test failed" in wrong["error"]   # not its certificate
+    assert len(r.requests) == 1
