@@ -843,6 +843,10 @@ def _post(url, body, headers, allow_private):
     import urllib.parse
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname
+    try:
+        host = host.encode("idna").decode("ascii")     # an international name, as DNS and TLS see it
+    except UnicodeError:
+        raise _Fail(f"not a host name: {_show(host)}", retry=False) from None
     port = parts.port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     limit = _timeout()
