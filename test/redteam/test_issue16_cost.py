@@ -42,12 +42,9 @@ def strict_json(line):
     return json.loads(line, parse_constant=refuse)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: a provider reply claiming output_tokens 1e308 is "
-                   "priced usd=inf, written to ledger.jsonl as a bare `Infinity` (not JSON), then "
-                   "counted as $0 by the running totals (_add_spend skips a non-finite usd): a "
-                   "session_usd / day_usd line is never reached by it. Clamp token counts in "
-                   "normalize (a per-call ceiling far below 2**53) and fail closed on a non-finite usd")
 def test_an_absurd_usage_block_does_not_slip_under_a_dollar_line(o, meter):
+    """Was a hole (fixed in 7fea58b): output_tokens 1e308 priced usd=inf, written as a bare
+    `Infinity`, then counted as $0 by the running totals."""
     o("cost", "budget", "--session-usd", "1", "--day-usd", "5", check=0)
     m = meter()
     assert m.check("turn") is None
@@ -114,12 +111,9 @@ def test_a_damaged_spend_cache_is_rebuilt_from_the_ledger(o, meter):
     assert m.check("turn") is not None
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE (low: needs write access to OVERLORD_HOME, e.g. a "
-                   "fuse-cooperative command when containment is off): spend.json's seal is an "
-                   "unkeyed sha256, and its values are not checked: a re-sealed cache with a "
-                   "negative day total is trusted and the day_usd line is not reached; "
-                   "_valid_spend should require finite, non-negative numbers (else rebuild)")
 def test_a_resealed_spend_cache_with_negative_totals_is_not_trusted(o, meter):
+    """Was a hole (low; fixed in 7fea58b): a writer of OVERLORD_HOME re-sealed spend.json
+    (an unkeyed digest) with a negative day total and the day line opened again."""
     from overlord.trust import cost
     o("cost", "budget", "--day-usd", "0.01", check=0)
     m = meter()
@@ -143,8 +137,8 @@ REPLY_MODEL_HOLE = pytest.mark.xfail(strict=True, reason="HOLE: the ledger price
                    "names (loop.charge: reply.model or endpoint.model), a string the provider or "
                    "anything between chooses: a reply naming an unpriced id makes a call to a "
                    "priced model cost $0 to every dollar line, so session_usd/day_usd never stop "
-                   "it. Price by the requested model when the reply's id is unpriced (or the dearer "
-                   "of the two), or treat an unpriced call as over a dollar line")
+                   "it. trust/cost's Meter.charge(..., requested=) exists since 7fea58b: agent/loop.py "
+                   "charge() (and the reviewer's) must pass endpoint.model as requested=")
 
 
 @pytest.mark.parametrize("reply_model", [None, pytest.param("free-as-in-beer-9", marks=REPLY_MODEL_HOLE)])
