@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import time
 
 from overlord.errors import OverlordError, UsageError
@@ -287,9 +288,11 @@ def _plan(keep_days, keep_last, now):
     p = Plan(keep_days, keep_last, time.time() if now is None else float(now), time.time_ns())
     root = store.sessions_dir()
     try:
-        names = os.listdir(root)
+        names = os.listdir(root) if _real_dir(root) else []
     except FileNotFoundError:
         names = []
+    if names == [] and os.path.islink(root):
+        p.notes.append("sessions/ is a symlink: gc does not follow it (nothing there is pruned)")
     held, any_hold = held_sids()
     journals = _journals()
     metas, open_deps = [], set()
@@ -302,6 +305,10 @@ def _plan(keep_days, keep_last, now):
                                "dir": name})
             continue
         if not store.SID_RE.match(name):
+            continue
+        if not _real_dir(os.path.join(root, name)):
+            _kept(p, "not a directory")       # a symlinked record: never followed
+            p.remaining.append(name)
             continue
         meta = _read_meta(name)
         if meta is None or meta.get("sid") != name:
@@ -372,6 +379,8 @@ def _older(st, p):
 
 def _plan_locks(p, targets):
     d = os.path.join(store.home(), "locks")
+    if not _real_dir(d):
+        return
     try:
         names = sorted(os.listdir(d))
     except FileNotFoundError:
@@ -419,6 +428,14 @@ def _lstat(path):
         return None
 
 
+def _real_dir(path):
+    """A directory, not a symlink to one: gc lists and removes only inside real directories
+    below OVERLORD_HOME (a symlinked objects/, objects/<2>, packs/, tmp/, locks/, holds/ or
+    sessions/ is never followed: what it points at is not ours to delete)."""
+    st = _lstat(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
 def _busy(path):
     """Someone holds the flock on path (a probe with LOCK_NB; nothing is changed)."""
     live, _ = _probe(path)
@@ -426,6 +443,8 @@ def _busy(path):
 
 
 def _plan_holds(p):
+    if not _real_dir(holds_dir()):
+        return
     try:
         names = sorted(os.listdir(holds_dir()))
     except FileNotFoundError:
@@ -450,6 +469,8 @@ def _pid_alive(pid):
 
 def _plan_objects(p, refs, states):
     root = os.path.join(store.home(), "objects")
+    if not _real_dir(root):
+        return
     try:
         top = os.listdir(root)
     except FileNotFoundError:
@@ -457,7 +478,7 @@ def _plan_objects(p, refs, states):
     if TRASH in top:
         p.notes.append(f"objects/{TRASH}: left by an interrupted gc; a run puts it back first")
     for d in sorted(top):
-        if len(d) != 2 or not set(d) <= HEX:
+        if len(d) != 2 or not set(d) <= HEX or not _real_dir(os.path.join(root, d)):
             continue
         try:
             it = os.scandir(os.path.join(root, d))
@@ -474,6 +495,8 @@ def _plan_objects(p, refs, states):
     p.objects.sort(key=lambda o: o["sha"])
     _plan_packs(p, os.path.join(root, "packs"), refs, states)
     tmpdir = os.path.join(root, "tmp")
+    if not _real_dir(tmpdir):
+        return
     try:
         it = os.scandir(tmpdir)
     except OSError:
@@ -487,6 +510,8 @@ def _plan_objects(p, refs, states):
 
 
 def _plan_packs(p, d, refs, states):
+    if not _real_dir(d):
+        return
     try:
         names = set(os.listdir(d))
     except FileNotFoundError:
@@ -619,14 +644,14 @@ def prune(p):
     skipped = []
     with _gc_lock():
         restore_trash()
-        for h in p.holds:
+        for h in p.holds if _real_dir(holds_dir()) else ():
             path = os.path.join(holds_dir(), h["name"])
             live, _ = _probe(path)
             if live is False and _rm(path):
                 done["holds"].append(h)
         held, any_hold = held_sids()
         root = store.sessions_dir()
-        for s in p.sessions:
+        for s in p.sessions if _real_dir(root) else ():
             if s["state"] == "removing":
                 remove_tree(os.path.join(root, s["dir"]))
                 done["sessions"].append(s)
@@ -690,6 +715,11 @@ def _trash():
 def restore_trash():
     """Put back whatever an interrupted prune set aside (loose objects and pack files)."""
     t = _trash()
+    if os.path.islink(t):
+        os.unlink(t)                  # never ours: nothing is taken from where it points
+        return 0
+    if not _real_dir(t) or not _real_dir(os.path.dirname(t)):
+        return 0
     try:
         names = os.listdir(t)
     except FileNotFoundError:
@@ -706,9 +736,12 @@ def restore_trash():
             _rm(src)
             continue
         os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        if not _real_dir(os.path.dirname(dest)):
+            continue                  # left in the trash: never moved through a symlink
         os.rename(src, dest)
         n += 1
-    os.rmdir(t)
+    with contextlib.suppress(OSError):
+        os.rmdir(t)                   # (what could not go back stays, for a person to see)
     return n
 
 
@@ -716,12 +749,20 @@ def _prune_objects(p, done, skipped):
     objects_root = os.path.join(store.home(), "objects")
     packs = os.path.join(objects_root, "packs")
     t = _trash()
-    os.makedirs(t, mode=0o700, exist_ok=True)
+    if not _real_dir(objects_root):
+        return
+    try:
+        os.mkdir(t, 0o700)
+    except FileExistsError:
+        if not _real_dir(t):
+            return
     names_now = _all_sids()
     refs = referenced(names_now)
     moved = []           # (item kind, item, [(trash name, original path)])
     for o in p.objects:
         src = os.path.join(objects_root, o["sha"][:2], o["sha"][2:])
+        if not _real_dir(os.path.dirname(src)):
+            continue
         st = _lstat(src)
         if o["sha"] in refs or st is None or not _older(st, p):
             if st is not None:
@@ -730,7 +771,7 @@ def _prune_objects(p, done, skipped):
             continue
         os.rename(src, os.path.join(t, o["sha"]))
         moved.append(("objects", o, [(o["sha"], src)]))
-    for k in p.packs:
+    for k in p.packs if _real_dir(packs) else ():
         srcs = [os.path.join(packs, f) for f in k["files"]]
         if k["why"] == "unreferenced":
             index = _index_shas(os.path.join(packs, k["name"] + ".idx"))
@@ -774,12 +815,13 @@ def _prune_objects(p, done, skipped):
                             "why": "named again"})
         else:
             done[kind].append(item)
-    for f in p.tmp:
+    for f in p.tmp if _real_dir(os.path.join(objects_root, "tmp")) else ():
         path = os.path.join(objects_root, f["name"])
         st = _lstat(path)
         if st is not None and _older(st, p) and _rm(path):
             done["tmp"].append(f)
-    os.rmdir(t)
+    with contextlib.suppress(OSError):
+        os.rmdir(t)
 
 
 def _all_sids():
@@ -816,6 +858,8 @@ def _barrier(p):
 
 def _prune_locks(p, done, skipped):
     d = os.path.join(store.home(), "locks")
+    if not _real_dir(d):
+        return
     from overlord.txn import locks
     live = set()
     for sid in _all_sids():

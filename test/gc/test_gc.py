@@ -534,3 +534,34 @@ def test_a_session_reopened_or_held_after_the_plan_is_kept(ovl, home, t):
     assert {"kind": "session", "name": a, "why": "it is pending now"} in skipped
     assert {"kind": "session", "name": b, "why": "held"} in skipped
     assert sorted(os.listdir(home / "sessions")) == sorted([a, b])
+
+
+@pytest.mark.parametrize("where", ["objects/ee", "objects/packs", "objects/tmp", "locks",
+                                   "holds", "objects/.gc-trash", "sessions"])
+def test_nothing_is_removed_through_a_symlinked_directory(ovl, home, t, tmp_path, where):
+    a = committed(ovl, t, "echo two > a.txt")
+    age(home, a, 100)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    names = {"objects/ee": ["ee" * 31], "objects/packs": ["20200101-000000-abcdef.pack"],
+             "objects/tmp": ["999999999-20200101-000000-abcdef-1"],
+             "locks": ["ab" * 12 + ".lock"], "holds": ["x.json"],
+             "objects/.gc-trash": ["ee" * 32, "pack-20200101-000000-abcdef.pack"],
+             "sessions": []}[where]
+    for n in names:
+        (outside / n).write_bytes(b"")
+    link = home / where
+    if where == "sessions":
+        os.rename(link, tmp_path / "sessions-real")
+        os.symlink(tmp_path / "sessions-real", link)
+    else:
+        if link.exists() and link.is_dir():
+            for n in os.listdir(link):
+                os.rename(link / n, outside / n)
+            link.rmdir()
+        os.symlink(outside, link)
+    before = sorted(os.listdir(outside))
+    gc(ovl, "--keep-days", "0", "--keep-last", "0")
+    assert set(before) <= set(os.listdir(outside))      # (a lock may be made there: not removed)
+    if where == "sessions":
+        assert os.listdir(tmp_path / "sessions-real") == [a]
