@@ -366,7 +366,7 @@
         return;
       }
       let text = DONE_WORDS[r.reason] || r.reason;
-      if (r.reason === "budget" && !this.budgetShown && r.message) this.budget({message: r.message});
+      if (r.reason === "budget" && !this.budgetShown && (r.budget || r.message)) this.budget(r.budget || {message: r.message});
       if (r.reason === "end_turn" && r.usage && !r.cost) {
         const tokens = (r.usage.input_tokens || 0) + (r.usage.output_tokens || 0);
         text += ` \u00b7 ${r.turns} turn${r.turns === 1 ? "" : "s"}${tokens ? ` \u00b7 ${tokens.toLocaleString()} tokens` : ""}`;
@@ -462,6 +462,7 @@
         if (s.partial.text) view.delta("text", s.partial.text);
       }
       setRunning(s.running);
+      if (!s.running) RUNNING.refresh();        /* a run that ended before the stream opened */
       composerFor(s.chat);
       messages.scrollTop = messages.scrollHeight;
       laterInspector(0);
