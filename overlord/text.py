@@ -67,6 +67,8 @@ def cause_text(cause):
         return f"{head}: {cause['summary']}" if cause.get("summary") else head
     if cause.get("kind") == "revert":
         return f"revert of {cause.get('of')}"
+    if cause.get("kind") == "import" and cause.get("from"):
+        return f"import of {cause['from']}" + (f" from {cause['host']}" if cause.get("host") else "")
     return cause.get("summary") or json.dumps(cause, sort_keys=True)
 
 

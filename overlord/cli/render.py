@@ -77,8 +77,11 @@ def owner_text(owner, width=60):
     The cause (a command line, a model's call id) is escaped: a command or a model chose it."""
     if isinstance(owner, str):
         return escape_path(owner)
-    brief = {k: v for k, v in owner.items() if k != "summary"}     # the call id says which
-    text = escape_path(f"{owner['sid']} @{owner['layer']} {cause_text(brief)}".rstrip())
+    brief = {k: v for k, v in owner.items() if k not in ("summary", "imported")}  # the call id says which
+    imported = owner.get("imported")
+    whose = (f" [imported from {imported.get('from')}{'' if imported.get('verified') else ', UNVERIFIED'}]"
+             if isinstance(imported, dict) else "")
+    text = escape_path(f"{owner['sid']} @{owner['layer']} {cause_text(brief)}".rstrip() + whose)
     return text if len(text) <= width else text[:width - 1] + "…"
 
 

@@ -18,7 +18,7 @@ from overlord.ops.shapes import (change_json, compare_json, counts_json, record_
                                  savepoint_json, session_json, session_row)
 from overlord.text import escape_text
 
-SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+SID_RE = re.compile(r"\A\d{8}-\d{6}-[0-9a-f]{6}\Z")
 RESERVED = ("id", "op", "client")
 
 

@@ -36,6 +36,10 @@ def export_session(sid, out):
     from overlord.ops.review import get_session
     session = get_session(store.check_sid(sid))
     state = session.meta.get("state")
+    if session.meta.get("imported"):     # re-signing another machine's word would launder it
+        raise OverlordError(f"cannot export session {sid}: it is a record imported from "
+                            f"{session.meta['imported'].get('from') or 'another machine'}; "
+                            "export it where it was made")
     if state == "running":
         raise OverlordError(f"cannot export session {sid}: a command is running in it now")
     plan = None

@@ -30,6 +30,10 @@ def revert(sid, stack=False, backend=None, grants=None, policy_origin=None, brok
     if state != "committed":
         raise OverlordError(f"cannot revert session {sid}: it is {state}; only a committed "
                             "session can be reverted")
+    if session.meta.get("imported"):
+        raise OverlordError(f"cannot revert session {sid}: it is a record imported from "
+                            f"{session.meta['imported'].get('from') or 'another machine'}, whose "
+                            "commit did not happen here")
     record = retain.load(session)
     if record is None or not record.get("complete"):
         raise OverlordError(f"cannot revert session {sid}: its commit left no complete record "

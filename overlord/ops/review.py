@@ -80,6 +80,10 @@ def diff(sid):
 
 
 def _require_layers(session):
+    if session.meta["state"] == "imported":
+        raise OverlordError(f"session {session.sid} is an imported record of work left open on "
+                            "another machine; nothing of it is staged here (`overlord import FILE "
+                            "-t DIR` replays it as a new pending session)")
     if session.meta["state"] in ("committed", "rolled-back"):
         shown = "what was committed" if session.meta["state"] == "committed" else "what it held"
         raise OverlordError(f"session {session.sid} is {session.meta['state']}; its changes "

@@ -52,6 +52,9 @@ def owner_of(meta, rec):
                   if k in cause})
     if meta.get("task"):
         owner["task"] = meta["task"]
+    imported = meta.get("imported")
+    if isinstance(imported, dict):     # another machine's word for it: say whose, and if signed
+        owner["imported"] = {"from": imported.get("from"), "verified": imported.get("verified") is True}
     return owner
 
 

@@ -21,17 +21,28 @@ class TargetLock:
 
     def __enter__(self):
         store.ensure_home()
-        self.fd = os.open(_lock_path(self.target), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
-        except OSError as exc:
+        path = _lock_path(self.target)
+        while True:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
+            except OSError as exc:
+                os.close(self.fd)
+                self.fd = None
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise OverlordError(f"target is busy: another session is executing on "
+                                        f"{self.target} (use --wait to queue)") from None
+                raise
+            # gc removes a lock file nobody holds (trust/retention.py): a lock taken on the
+            # file it just unlinked would be held alone, so take the one at the path now
+            try:
+                same = os.path.samestat(os.fstat(self.fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                return self
             os.close(self.fd)
             self.fd = None
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise OverlordError(f"target is busy: another session is executing on {self.target}"
-                                    " (use --wait to queue)") from None
-            raise
-        return self
 
     def __exit__(self, *exc):
         if self.fd is not None:

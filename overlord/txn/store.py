@@ -15,7 +15,7 @@ import time
 
 from overlord.errors import NotFound, UsageError
 
-SID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+SID_RE = re.compile(r"\A\d{8}-\d{6}-[0-9a-f]{6}\Z")      # \Z: `$` matches before a newline
 STATES = ("running", "pending", "timed-out", "unchanged", "committed", "rolled-back", "imported")
 # unchanged: a run whose command changed nothing, closed at once (it blocks no later run)
 # imported: the record of a session that was open on another machine, brought here by

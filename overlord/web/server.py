@@ -46,7 +46,7 @@ from overlord.web.reviews import Reviews
 
 MAX_BODY = 1 << 20
 DRAIN_MAX = 8 << 20           # a refused body up to this size is read (and dropped) before the 413
-SID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+SID = re.compile(r"\A\d{8}-\d{6}-[0-9a-f]{6}\Z")
 S_ID = object()               # a route segment that is a session id
 NAME = object()               # a route segment that is a skill name
 USER = object()               # a route segment that is an account name

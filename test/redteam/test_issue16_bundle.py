@@ -123,10 +123,6 @@ def pending_bundle(a, target, tmp_path, script):
 
 # -- holes ---------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="HOLE: `overlord revert` accepts an imported (unverified, "
-                   "another machine's) committed record and stages its committed.json's 'before' "
-                   "states as a pending session on the folder the record names; ops/revert.py "
-                   "must refuse a record with meta.imported")
 def test_revert_refuses_an_imported_record(two, target, tmp_path):
     a, b = two
     sid, path = committed_bundle(a, target, tmp_path)
@@ -140,11 +136,6 @@ def test_revert_refuses_an_imported_record(two, target, tmp_path):
     assert proc.returncode == 1 and "import" in proc.err, (proc.out, proc.err)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: a crafted unverified bundle (committed record, "
-                   "meta.target = any folder of the importer's, committed.json naming a path "
-                   "'absent after, file before' and an object holding the outsider's bytes) makes "
-                   "`revert` + `commit` plant the outsider's file (mode 0755) in that folder; "
-                   "refuse revert (and every act that writes from a record) on imported records")
 def test_crafted_committed_record_plants_a_file_through_revert(two, target, tmp_path):
     a, b = two
     victim = tmp_path / "victim"
@@ -172,11 +163,6 @@ def test_crafted_committed_record_plants_a_file_through_revert(two, target, tmp_
     assert not (victim / "planted.sh").exists(), "the outsider's file landed in the folder"
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: blame on this machine's own file attributes its "
-                   "lines to an imported UNVERIFIED record whose meta.target names the folder "
-                   "(an outsider writes the cause/summary blame prints); txn/blame.py should mark "
-                   "owners from imported records (imported: host, verified) or leave unverified "
-                   "imports out of a local file's history")
 def test_blame_does_not_take_an_outsiders_word(two, target, tmp_path):
     a, b = two
     sid, path = committed_bundle(a, target, tmp_path, "echo hi > x.txt")
@@ -241,12 +227,7 @@ def test_owner_claimed_by_the_bundle_is_not_taken(two, target, tmp_path):
     assert meta["imported"]["verified"] is False
 
 
-NEWLINE_SID = pytest.param(
-    "20261201-000000-abcdef\n", marks=pytest.mark.xfail(strict=True, reason=(
-        "HOLE: store.SID_RE ends in `$`, which matches before a trailing newline: a bundle whose "
-        "sid is 'YYYYMMDD-HHMMSS-xxxxxx\\n' lands as sessions/<sid>\\n (a second record that "
-        "lists under an existing session's id, passing the collision check); use \\Z / "
-        "fullmatch in txn/store.py (as trust/userdirs.py now does)")))
+NEWLINE_SID = "20261201-000000-abcdef\n"     # store.SID_RE matches the whole string (\Z)
 
 
 @pytest.mark.parametrize("bad", ["../../../etc", "20261201-000000-abcdef/../../x",
@@ -262,9 +243,6 @@ def test_malformed_sid_refused(two, target, tmp_path, bad):
     assert not os.path.isdir(b.home / "sessions") or os.listdir(b.home / "sessions") == []
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: a bundle naming an EXISTING session's id plus a "
-                   "trailing newline is imported beside it (store.SID_RE's `$`): two records list "
-                   "under one id; fix SID_RE to match the whole string")
 def test_sid_plus_newline_does_not_twin_an_existing_session(two, target, tmp_path):
     a, b = two
     sid, path = committed_bundle(a, target, tmp_path)
@@ -373,12 +351,6 @@ def test_replay_writes_only_what_the_bundle_lists(two, target, tmp_path):
     assert b.diff(pend[0]) == a.diff(sid)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: bundle laundering: an UNVERIFIED import on B, "
-                   "re-exported by B, is signed with B's key; C (holding B's key) imports it as "
-                   "VERIFIED, and land() overwrites the record's own meta.imported (verified: "
-                   "false, from: outsider) with C's. Refuse to export an imported record, or carry "
-                   "its import chain into the manifest and never mark it verified past an "
-                   "unverified hop")
 def test_an_unverified_import_cannot_be_laundered_into_a_verified_one(tmp_path, backend, target):
     a, b, c = (Ovl(tmp_path / n, backend) for n in "ABC")
     for n in "ABC":
