@@ -25,7 +25,7 @@ from overlord.errors import OverlordError, UsageError
 from overlord.web import roles as R
 from overlord.web import settings as S
 
-HOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")   # as trust/notify.check_name
+HOOK_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")   # as trust/notify.check_name
 EVERY = "*"
 DELIVERIES_SHOWN = 50
 CHUNK = 1 << 16

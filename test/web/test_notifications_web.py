@@ -124,7 +124,7 @@ def test_a_private_target_is_refused_without_allow_private(ui, receiver):
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"name": "bad/name"}, "w-name"), ({"name": ""}, "w-name"), ({"name": "-x"}, "w-name"),
+    ({"name": "bad/name"}, "w-name"), ({"name": "team\n"}, "w-name"), ({"name": ""}, "w-name"), ({"name": "-x"}, "w-name"),
     ({"url": "ftp://example.com/x"}, "w-url"), ({"url": "not a url"}, "w-url"),
     ({"url": "http:///nohost"}, "w-url"), ({"url": "http://[::1"}, "w-url"),
     ({"url": "http://h:99999/"}, "w-url"), ({"url": "http://user:pw@example.com/"}, "w-url"),
@@ -142,6 +142,7 @@ def test_bad_input_is_one_clean_400_and_changes_nothing(ui, receiver, change, fi
 
 def test_bad_paths_and_bodies(ui):
     assert ui.request("DELETE", "/api/webhooks/bad%20name").status == 400
+    assert ui.request("DELETE", "/api/webhooks/team%0A").status == 400      # the whole segment
     assert ui.request("POST", "/api/webhooks/a..b%2Fc/test", body={}).status == 400
     assert ui.request("DELETE", "/api/webhooks/nosuch").status == 404
     assert ui.request("POST", "/api/webhooks/nosuch/test", body={}).status == 404
