@@ -70,9 +70,14 @@ def _path(name):
 
 # -- the hook that runs after every audit append ------------------------------------------------
 
+_sending = False            # set in the detached sender: what it appends is not spooled again
+
+
 def after_append(entry):
     """Spool the act for every hook subscribed to it and make sure a sender runs. One stat
     when no webhook is configured; never raises into the act (audit.append catches too)."""
+    if _sending:
+        return None         # the sender's own acts (a secret it resolved) would feed it forever
     from overlord.txn import store
     try:
         os.stat(os.path.join(store.home(), CONFIG_NAME))
@@ -485,6 +490,8 @@ def ensure_sender():
 def run_sender():
     """Drain the spool under the sender lock; after letting go, look once more."""
     import fcntl
+    from overlord.trust import notify as imported   # run as __main__, audit sees this one
+    imported._sending = True
     fd = _sender_fd()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -498,6 +505,7 @@ def run_sender():
             except BlockingIOError:
                 return 0            # another sender took over
     finally:
+        imported._sending = False
         os.close(fd)
 
 
@@ -814,7 +822,8 @@ def send(name, hook, entry, base_url, ident=None):
                     secret = vault.resolve(secret, f"webhook {name}")
                 except Exception as exc:  # noqa: BLE001 - an unresolved secret: no delivery
                     return {"ok": False, "status": None, "retry": True,
-                            "error": f"the signing secret could not be resolved: {exc}"}
+                            "error": "the signing secret could not be resolved: "
+                             f"{getattr(exc, 'short', None) or exc}"}   # never the resolver's stderr
             headers[SIGNATURE_HEADER] = signature(secret, int(time.time()), body)
         status = _post(hook["url"], body, headers, hook.get("allow_private", False))
     except _Fail as exc:

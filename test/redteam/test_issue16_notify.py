@@ -287,13 +287,6 @@ def _sender_busy(home):
         os.close(fd)
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: a hook on '*' whose secret is secret://NAME (vault "
-                   "ttl 0, or a failing resolver at any ttl) never stops: the sender's resolve is an "
-                   "audited act (secret.resolve), which after_append spools for the same hook, whose "
-                   "delivery resolves again... the receiver is flooded and audit.jsonl grows without "
-                   "end from ONE act. Fix: acts the sender itself appends are not notified (a flag "
-                   "set in run_sender, checked in after_append), or secret.resolve for 'webhook *' "
-                   "is never spooled")
 def test_a_vault_signed_hook_on_every_act_does_not_feed_itself(o, recv, tmp_path):
     r = recv()
     res = tmp_path / "resolver.sh"

@@ -198,10 +198,6 @@ def test_a_connector_the_policy_refuses_never_resolves_its_secret(o, vault, tmp_
     assert runs(log) == [["tok"]]
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: a webhook whose secret:// fails to resolve keeps "
-                   "the resolver's stderr (its first line) in notify/deliveries.jsonl AND on the "
-                   "audit chain (webhook.test error=...): notify.send uses str(VaultError), not "
-                   "its .short form that vault.py provides for messages that are kept")
 def test_resolver_stderr_is_not_kept_by_a_webhook(o, vault):
     value, log = vault(mode="fail")
     o("webhooks", "add", "h", "https://example.com/hook", "--format", "json", "--secret-stdin",
