@@ -63,11 +63,12 @@ def check_budget(meter, kind, emit):
 
 def charge(meter, kind, endpoint, reply):
     """After a provider call: its ledger line (None without a meter). The model is the one
-    the reply names, else the endpoint's; OverlordError/OSError when the ledger cannot be
+    the reply names, else the endpoint's, priced no lower than the one asked for; OverlordError/OSError when the ledger cannot be
     written (the caller stops: a call it cannot count is one no budget would see)."""
     if meter is None:
         return None
-    return meter.charge(kind, endpoint.provider, reply.model or endpoint.model, reply.usage or {})
+    return meter.charge(kind, endpoint.provider, reply.model or endpoint.model, reply.usage or {},
+                        requested=endpoint.model)   # the reply's model id never makes it cheaper
 
 
 @dataclasses.dataclass

@@ -133,15 +133,7 @@ def test_a_resealed_spend_cache_with_negative_totals_is_not_trusted(o, meter):
     assert m.check("turn") is not None, "a negative day total in the cache opened the line again"
 
 
-REPLY_MODEL_HOLE = pytest.mark.xfail(strict=True, reason="HOLE: the ledger prices a call by the model id the REPLY "
-                   "names (loop.charge: reply.model or endpoint.model), a string the provider or "
-                   "anything between chooses: a reply naming an unpriced id makes a call to a "
-                   "priced model cost $0 to every dollar line, so session_usd/day_usd never stop "
-                   "it. trust/cost's Meter.charge(..., requested=) exists since 7fea58b: agent/loop.py "
-                   "charge() (and the reviewer's) must pass endpoint.model as requested=")
-
-
-@pytest.mark.parametrize("reply_model", [None, pytest.param("free-as-in-beer-9", marks=REPLY_MODEL_HOLE)])
+@pytest.mark.parametrize("reply_model", [None, "free-as-in-beer-9"])
 def test_the_reply_cannot_choose_an_unpriced_model_to_slip_a_dollar_line(home, target, reply_model):
     """None: the reply names the model asked for (the control: the line stops the 2nd call)."""
     import sys
