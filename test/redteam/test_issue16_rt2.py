@@ -280,3 +280,97 @@ def test_gc_while_a_command_runs_leaves_the_session_whole(ovl, target, tmp_path)
     assert ovl.diff(sid) == [("added", "new.txt")]
     ovl("commit", sid, check=0)
     assert (target / "new.txt").read_text() == "new\n"
+
+
+# -- budgets through the daemon ------------------------------------------------------------------
+
+def _daemon_cls():
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "rt2_daemon_conftest", os.path.join(here, "..", "daemon", "conftest.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Daemon
+
+
+@pytest.fixture
+def daemon(home):
+    d = _daemon_cls()(home, os.path.join(home, "overlordd.sock"), None)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_a_brokered_agent_stops_at_the_machine_line_and_cannot_name_an_owner(daemon, home, target, tmp_path):
+    """`cost budget --day-usd 0`: the daemon's agent op stops before its first call, reason
+    budget, no ledger line; a harness that passes owner / meter / budget is refused (400; a null
+    argument counts as absent),
+    never run under another account's lines or none."""
+    o = Ovl(home)
+    o("cost", "budget", "--day-usd", "0", check=0)
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([{"text": "done", "usage": {"input_tokens": 10, "output_tokens": 5}}]))
+    ask = {"id": 1, "op": "agent", "task": "hi", "target": str(target), "provider": "scripted",
+           "script": str(script)}
+    daemon.allow(target)
+    for extra in ({"owner": "nobody"}, {"meter": 0}, {"budget": False}, {"session_tokens": 1000000}):
+        bad = daemon.request(dict(ask, **extra))
+        assert bad["ok"] is False and bad["code"] == 400, (extra, bad)
+    done = daemon.request(ask)
+    assert done["ok"] is True and done["reason"] == "budget", done
+    assert not os.path.exists(home / "ledger.jsonl") or \
+        [ln for ln in open(home / "ledger.jsonl") if ln.strip()] == []
+
+
+# -- the vault and a jailed command --------------------------------------------------------------
+
+@pytest.mark.parametrize("jail", [True, False])
+def test_a_sandboxed_command_gets_no_resolved_or_provider_key(home, target, tmp_path, jail):
+    """A resolver configured, a provider key in overlord's environment and one resolved from
+    the vault (`secrets test` ran it): the command -- jailed or not -- finds neither value in
+    its environment, in any /proc/*/environ it can read, nor (jailed) secrets.json or the
+    resolver. (Both run in a pid namespace of their own: the overlord process is not in /proc.)"""
+    from conftest import require_backend
+    require_backend("kernel")
+    o = Ovl(home, "kernel")
+    value = "VAULT-VALUE-" + os.urandom(6).hex()
+    envkey = "ENV-KEY-" + os.urandom(6).hex()
+    resolver = tmp_path / "resolver.sh"
+    resolver.write_text(f"#!/bin/sh\necho {value}\n")
+    resolver.chmod(0o700)
+    o("secrets", "set-command", f"{resolver} {{name}}", check=0)
+    assert o("secrets", "test", "providers/anthropic", check=0).returncode == 0
+    probe = (f"env; for p in /proc/[0-9]*; do cat $p/environ 2>/dev/null | tr '\\0' '\\n'; done; "
+             f"cat {home}/secrets.json 2>&1; {resolver} x 2>&1; true")
+    flags = ("--jail", "--net", "none") if jail else ()
+    proc = o("run", "-t", target, *flags, "--", "sh", "-c", probe,
+             env={"ANTHROPIC_API_KEY": envkey, "OPENAI_API_KEY": envkey})
+    assert proc.returncode == 0, proc.err
+    seen = proc.out + proc.err
+    assert envkey not in seen, seen[-3000:]          # neither its env nor any /proc environ
+    if jail:                                          # unjailed, the resolver file is in reach
+        assert value not in seen, seen[-3000:]
+
+
+@pytest.mark.parametrize("bad", ["..", "/etc/passwd", "a/../../b", "", ".", "a//b", 7])
+def test_a_deleted_entry_outside_the_folder_is_refused(two, target, tmp_path, bad):
+    a, b = two
+    sid, path = pending_bundle(a, target, tmp_path, "echo x > a.txt")
+    evil = tmp_path / "evil.ovl"
+
+    def edit(ms):
+        doc = json.loads(ms["changes/changes.json"][1])
+        doc["deleted"] = [bad]
+        ms["changes/changes.json"][1] = json.dumps(doc).encode()
+    rewrite(path, evil, edit)
+    t2 = tmp_path / "t2"
+    (t2 / "b").mkdir(parents=True)
+    (tmp_path / "b").mkdir(exist_ok=True)
+    (tmp_path / "b" / "keep").write_text("outside\n")
+    proc = b("import", evil, "-t", t2)
+    assert proc.returncode == 1 and "Traceback" not in proc.err, (proc.out, proc.err)
+    assert (tmp_path / "b" / "keep").exists() and os.path.isdir(t2 / "b")
+    assert not os.path.exists(b.home / "sessions" / sid)
