@@ -100,8 +100,25 @@ MAX_CALL_TOKENS = 10 ** 9       # per kind per call: far past any context window
 
 # -- small helpers ------------------------------------------------------------------------------
 
+_homes = {}         # an absolute OVERLORD_HOME -> {name: its path} (no abspath/join per call)
+
+
 def _path(name):
-    return os.path.join(store.home(), name)
+    env = os.environ.get("OVERLORD_HOME")
+    if not env or not env.startswith("/"):         # relative, jailed or ~: as store says, each time
+        return os.path.join(store.home(), name)
+    paths = _homes.get(env)
+    if paths is None:
+        if len(_homes) > 64:
+            _homes.clear()
+        paths = _homes[env] = {"": store.home()}
+    elif len(paths) > 4096:
+        paths.clear()
+        paths[""] = store.home()
+    got = paths.get(name)
+    if got is None:
+        got = paths[name] = os.path.join(paths[""], name)
+    return got
 
 
 def _finite(value):
@@ -167,19 +184,24 @@ def _config_error(path, what):
 def _load_config():
     """cost.json as {"prices", "budget", "accounts"} (empty when there is none). A file that is
     not ours, is writable by others or does not parse raises OverlordError: its lines are not
-    guessed at."""
+    guessed at. The caller's own copy (it may change it)."""
+    return copy.deepcopy(_config())
+
+
+_EMPTY_CONFIG = {"prices": {}, "budget": {}, "accounts": {}}
+
+
+def _config():
+    """cost.json as _load_config reads it, shared: never to be changed by the caller. Opened
+    and checked (ours, not writable by others) and read every time; parsed and validated only
+    when its bytes differ from the last ones parsed at that path."""
     from overlord.trust import audit
     path = _path(CONFIG)
     opened = audit.open_owned(path, os.O_RDONLY, _config_error, 0o022, "write",
                               fix="chmod 600 it", root_ok=True)
-    empty = {"prices": {}, "budget": {}, "accounts": {}}
     if opened is None:
-        return empty
+        return _EMPTY_CONFIG
     fd, st = opened
-    stamp = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if _config_cache.get("stamp") == stamp:
-        os.close(fd)
-        return copy.deepcopy(_config_cache["doc"])
     try:
         data = b""
         while len(data) <= 1 << 22:
@@ -189,6 +211,10 @@ def _load_config():
             data += chunk
     finally:
         os.close(fd)
+    hit = _config_cache.get(path)
+    if hit is not None and hit[0] == data:
+        return hit[1]
+    empty = _EMPTY_CONFIG
     try:
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -212,11 +238,13 @@ def _load_config():
             check_lines(lines, f"accounts[{_shown(name)}]")
     except UsageError as exc:
         raise _config_error(path, str(exc)) from None
-    _config_cache.update(stamp=stamp, doc=copy.deepcopy(out))
+    if len(_config_cache) > 16:
+        _config_cache.clear()
+    _config_cache[path] = (data, out)
     return out
 
 
-_config_cache = {}       # the last cost.json parsed, by its inode, size and times
+_config_cache = {}       # cost.json's path -> (the bytes last parsed there, the doc)
 
 
 def _save_config(doc):
@@ -281,6 +309,18 @@ def prices(config=None):
     for model, p in (_load_config() if config is None else config)["prices"].items():
         out[model] = dict({k: p.get(k) for k in PARTS}, source="cost.json")
     return out
+
+
+_table_cache = [None, None]      # [the config doc, prices(that doc)]: a charge's price table
+
+
+def _table():
+    """prices() of cost.json as it is now, shared (never changed by the caller)."""
+    config = _config()
+    if _table_cache[0] is not config:
+        _table_cache[1] = prices(config)
+        _table_cache[0] = config
+    return _table_cache[1]
 
 
 def price(model, table=None):
@@ -532,8 +572,11 @@ def _valid_spend(doc):
         if not isinstance(table, dict):
             return False
         for scopes in table.values():
-            if not isinstance(scopes, dict) or not all(_amount(v) for v in scopes.values()):
+            if not isinstance(scopes, dict):
                 return False
+            for v in scopes.values():
+                if not (type(v) is float and 0.0 <= v < math.inf) and not _amount(v):
+                    return False
     return True
 
 
@@ -548,9 +591,32 @@ def _valid_session(doc):
         and all(isinstance(m, str) for m in doc["unpriced"])
 
 
+def _fresh(doc):
+    """A copy of a cache's doc deep enough to fold into (spend: period -> day -> scope)."""
+    out = {}
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            v = {kk: dict(vv) if isinstance(vv, dict) else vv for kk, vv in v.items()}
+        elif isinstance(v, list):
+            v = list(v)
+        out[k] = v
+    return out
+
+
+_parsed = {}        # a cache file's path -> (the bytes last read or written there, their doc)
+
+
+def _remember(path, data, doc):
+    if len(_parsed) > 256:
+        _parsed.clear()
+    _parsed[path] = (data, _fresh(doc))
+
+
 def _read_json(path):
     """(a cache's doc, state): state "ok", "missing" or "damaged" (unreadable, not a regular
-    file of ours, not JSON, or its digest does not match: a torn write)."""
+    file of ours, not JSON, or its digest does not match: a torn write). The file is opened,
+    checked and read every time; its bytes are unsealed and parsed only when they differ from
+    the last ones this process read or wrote at that path. The doc is the caller's own."""
     try:
         fd = _open_cache(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -566,12 +632,18 @@ def _read_json(path):
             if not chunk:
                 break
             data += chunk
+        hit = _parsed.get(path)
+        if hit is not None and hit[0] == data:
+            return _fresh(hit[1]), "ok"
         doc = _unsealed(data)
     except (OSError, ValueError, UnicodeDecodeError):
         return None, "damaged"
     finally:
         os.close(fd)
-    return (doc, "ok") if doc is not None else (None, "damaged")
+    if doc is None:
+        return None, "damaged"
+    _remember(path, data, doc)
+    return _fresh(doc), "ok"
 
 
 def _ledger_fd():
@@ -683,10 +755,16 @@ def _write_cache(path, doc):
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
+    _remember(path, data, {k: v for k, v in doc.items() if k != "sha256"})   # as it reads back
+
+
+def _session_dir(sid):
+    """store.session_dir(sid) (the id checked), its path kept per OVERLORD_HOME."""
+    return _path("sessions/" + store.check_sid(sid))
 
 
 def _session_path(sid):
-    return os.path.join(store.session_dir(sid), SESSION_FILE)
+    return _path("sessions/" + store.check_sid(sid) + "/" + SESSION_FILE)
 
 
 def _rebuild_session(fd, sid, end):
@@ -775,7 +853,7 @@ def _settle(fd, before, end, want=None):
     sessions = {}
 
     def load(sid):
-        if not os.path.isdir(store.session_dir(sid)):
+        if not os.path.isdir(_session_dir(sid)):
             return None                     # no record to keep a total on
         return _load_session(fd, sid, before)[0]
     if want is not None:
@@ -884,23 +962,40 @@ class Stop:
 
 
 def _policy_lines(target):
+    """policy.rule(target)'s budget lines [(key, limit, source)]. The policy is loaded (read,
+    checked, digested, a change noticed) every time; the rule is worked out again whenever the
+    policy's bytes, the target as it resolves or any of the policy's folders as they resolve
+    differ from the last time (what Policy.rule reads). Shared: never changed by the caller."""
     if target is None:
         return []
     from overlord.trust import policy
-    rule = policy.rule(target)
-    lines = rule.get("budget") or {}
-    return [(k, v, f"policy: {rule.source('budget.' + k)}") for k, v in sorted(lines.items())]
+    pol = policy.load()
+    real = os.path.realpath(target)
+    key = (pol.path, pol.sha256, real, tuple((p, os.path.realpath(p)) for p in pol.targets))
+    got = _rule_cache.get(key)
+    if got is None:
+        rule = pol.rule(real)
+        lines = rule.get("budget") or {}
+        got = [(k, v, f"policy: {rule.source('budget.' + k)}") for k, v in sorted(lines.items())]
+        if len(_rule_cache) > 256:
+            _rule_cache.clear()
+        _rule_cache[key] = got
+    return got
 
 
-def budget_lines(target, owner, config=None):
+_rule_cache = {}        # (policy path, its sha256, target, its folders resolved) -> lines
+
+
+def budget_lines(target, owner, config=None, plines=None):
     """Every budget line that applies to a session on target owned by owner:
     {key: [{"limit", "source", "scope"}, ...]} (keys with no line left out). source: "config",
     "policy: targets[/srv/app]" (or "policy: default"), "account: NAME"; scope: "session" for
     the session_* lines, else where the spend is counted ("*", "account:NAME", "target:...")."""
-    config = _load_config() if config is None else config
+    config = _config() if config is None else config
     found = [(k, v, "config", "*") for k, v in sorted(config["budget"].items())]
     tscope = target_scope(os.fspath(target)) if target is not None else None
-    found += [(k, v, src, tscope) for k, v, src in _policy_lines(target)]
+    plines = _policy_lines(target) if plines is None else plines
+    found += [(k, v, src, tscope) for k, v, src in plines]
     if owner:
         acct = config["accounts"].get(owner) or {}
         found += [(k, v, f"account: {owner}", f"account:{owner}") for k, v in sorted(acct.items())]
@@ -958,10 +1053,16 @@ class Meter:
         self.sid = store.check_sid(sid) if sid is not None else None
         self.target = os.path.realpath(target) if target is not None else None
         self.owner = owner or None
+        self._lines = None      # (config doc, policy lines, budget_lines of them): see check
 
     def check(self, kind="turn"):
         """The Stop for the most restrictive line reached, or None: O(1) in the ledger."""
-        lines = budget_lines(self.target, self.owner)
+        config, plines = _config(), _policy_lines(self.target)
+        memo = self._lines
+        if memo is None or memo[0] is not config or memo[1] is not plines:
+            memo = self._lines = (config, plines, budget_lines(self.target, self.owner, config,
+                                                               plines))
+        lines = memo[2]
         if not lines:
             return None
         spend, session = _snapshot(self.sid)
@@ -974,7 +1075,7 @@ class Meter:
         cost.json that cannot be used fall back to the defaults (the spend happened either
         way)."""
         try:
-            table = prices()
+            table = _table()
         except OverlordError:
             table = _DEFAULTS
         line = line_for(self.sid, self.target, self.owner, kind, provider, model, usage,
