@@ -374,3 +374,44 @@ def test_a_deleted_entry_outside_the_folder_is_refused(two, target, tmp_path, ba
     assert proc.returncode == 1 and "Traceback" not in proc.err, (proc.out, proc.err)
     assert (tmp_path / "b" / "keep").exists() and os.path.isdir(t2 / "b")
     assert not os.path.exists(b.home / "sessions" / sid)
+
+
+# -- what a '*' webhook carries off the machine --------------------------------------------------
+
+from test_issue16_notify import FAST, recv  # noqa: E402,F401
+
+
+def test_a_star_hook_does_not_carry_an_env_value_or_a_header_value(home, recv):
+    """connector.config names env and header keys, never their values."""
+    o = Ovl(home)
+    r = recv()
+    o("webhooks", "add", "all", f"http://127.0.0.1:{r.port}/h", "--format", "json", "--on", "*",
+      "--allow-private", env=FAST, check=0)
+    o("mcp", "add", "srv", "--command", "/bin/true", "--env", "TOKEN=ENV-SECRET-1",
+      env=FAST, check=0)
+    o("mcp", "add", "web", "--url", "https://example.com/mcp", "--header",
+      "Authorization: Bearer HDR-SECRET-2", env=FAST, check=0)
+    got = _wait(lambda: sum(b"connector.config" in body for _, _, body in r.requests) >= 2,
+                "two connector.config deliveries")
+    assert got
+    bodies = b"".join(body for _, _, body in r.requests)
+    assert b"ENV-SECRET-1" not in bodies and b"HDR-SECRET-2" not in bodies
+
+
+@pytest.mark.xfail(strict=True, reason="HOLE: connector.config (ops/mcp_config.mcp_add) records a "
+                   "stdio server's argv whole (args=list(server.args)); a '*' json hook then sends "
+                   "`--api-key VALUE` style secrets to the receiver off the machine (the chain "
+                   "itself keeps them too). Fix: record the argument count (or mask values after "
+                   "flags that look like key/token/secret/password, as config.mask_url does for "
+                   "URLs), never argv verbatim")
+def test_a_star_hook_does_not_carry_a_connectors_argv_secret(home, recv):
+    o = Ovl(home)
+    r = recv()
+    o("webhooks", "add", "all", f"http://127.0.0.1:{r.port}/h", "--format", "json", "--on", "*",
+      "--allow-private", env=FAST, check=0)
+    o("mcp", "add", "srv", "--command", "/usr/bin/some-mcp", "--arg", "--api-key",
+      "--arg", "ARG-SECRET-3", env=FAST, check=0)
+    _wait(lambda: any(b"connector.config" in body for _, _, body in r.requests),
+          "the connector.config delivery")
+    bodies = b"".join(body for _, _, body in r.requests)
+    assert b"ARG-SECRET-3" not in bodies
