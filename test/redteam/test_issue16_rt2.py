@@ -415,3 +415,25 @@ def test_a_star_hook_does_not_carry_a_connectors_argv_secret(home, recv):
           "the connector.config delivery")
     bodies = b"".join(body for _, _, body in r.requests)
     assert b"ARG-SECRET-3" not in bodies
+
+
+def test_a_root_mode_change_is_in_the_diff_before_commit_lands_it(two, target, tmp_path):
+    """changes.json's root_mode 0777 (no privileged bit): the diff names it (`.` mode 0755 ->
+    0777) before commit applies it -- nothing lands that review did not show."""
+    a, b = two
+    sid, path = pending_bundle(a, target, tmp_path, "echo x > a.txt")
+    evil = tmp_path / "evil.ovl"
+
+    def edit(ms):
+        doc = json.loads(ms["changes/changes.json"][1])
+        doc["root_mode"] = 0o777
+        ms["changes/changes.json"][1] = json.dumps(doc).encode()
+    rewrite(path, evil, edit)
+    t2 = tmp_path / "t2"
+    t2.mkdir()
+    os.chmod(t2, 0o755)
+    b("import", evil, "-t", t2, check=0)
+    pend = pending_of(b)
+    assert len(pend) == 1
+    words = b.diff_words(pend[0])
+    assert ("modified", ".", "mode 0755 -> 0777") in words, words
