@@ -83,11 +83,17 @@ def cmd_import(args):
         R.dump_json(res)
         return 0
     mark = "verified" if res["verified"] else "UNVERIFIED"
-    print(f"imported session {res['sid']} from {R.escape_text(str(res['host']))} ({mark}: "
-          f"{R.escape_text(res['why'])})")
-    print(f"  state {res['state']}"
-          + (f" (was {res['original_state']})" if res["state"] != res["original_state"] else "")
-          + f", bundle sha256 {res['bundle_sha256']}")
+    if res.get("record") == "present":
+        print(f"replayed the bundle of session {res['sid']} from "
+              f"{R.escape_text(str(res['host']))} ({mark}: {R.escape_text(res['why'])})")
+        print(f"  the record of session {res['sid']} is already here (state {res['state']}); "
+              f"left as it is, replayed from the bundle, sha256 {res['bundle_sha256']}")
+    else:
+        print(f"imported session {res['sid']} from {R.escape_text(str(res['host']))} ({mark}: "
+              f"{R.escape_text(res['why'])})")
+        print(f"  state {res['state']}"
+              + (f" (was {res['original_state']})" if res["state"] != res["original_state"] else "")
+              + f", bundle sha256 {res['bundle_sha256']}")
     if res["new_sid"]:
         print(f"session {res['new_sid']}  pending on {R.escape_path(res['target'])}: "
               f"{R.escape_text(res['changes'])} (review: overlord diff {res['new_sid']})")

@@ -86,8 +86,11 @@ def export_session(sid, out):
 def import_bundle(path, target=None, require_signature=False, owner=None, backend=None):
     """Verify the bundle at path and keep its record here (sessions/<sid>); with target, also
     replay its changes as a new pending session on that folder. Returns {sid, new_sid,
-    verified, why, bundle_sha256, state, original_state, host, target, changes, members}.
-    Refused (nothing kept) on any flaw; audited bundle.import."""
+    verified, why, bundle_sha256, state, original_state, host, target, changes, members,
+    record}. record: "kept" (landed now) or "present" (with target only: the sid is already
+    on this machine, e.g. the bundle's own session or an earlier import; that record is left
+    exactly as it is and the replay reads the staged bundle). Without target an existing sid
+    is refused. Refused (nothing kept) on any flaw; audited bundle.import."""
     from overlord.ops.grants import resolve_target
     if target is not None:
         target = resolve_target(target)
@@ -99,45 +102,72 @@ def import_bundle(path, target=None, require_signature=False, owner=None, backen
         if target is not None and staged.changes is None:
             raise OverlordError(f"the bundle of session {sid} ({staged.meta.get('state')}) has "
                                 "no changes to replay: import it without -t to keep its record")
-        if os.path.lexists(store.session_dir(sid)):
+        present = os.path.lexists(store.session_dir(sid))
+        if present and target is None:
             raise B.Refused(f"refused: session {sid} already exists on this machine; nothing "
                             "was imported")
         with _holding([sid], f"bundle import of {sid}"):
-            meta = B.land(staged, owner=owner)
             new_sid = None
-            if target is not None:
-                try:
-                    new_sid = _replay(staged, meta, target, owner, backend)
-                except BaseException:
-                    B.unland(sid)
-                    raise
+            if present:
+                meta = dict(staged.meta)
+                here = _state_here(sid)
+                original_state = meta.get("state")
+                new_sid = _replay(staged, meta, target, owner, backend, kept=False)
+            else:
+                meta = B.land(staged, owner=owner)
+                here, original_state = meta["state"], meta["imported"]["original_state"]
+                if target is not None:
+                    try:
+                        new_sid = _replay(staged, meta, target, owner, backend, kept=True)
+                    except BaseException:
+                        B.unland(sid)
+                        raise
+        changes = B.staged_changes(staged)
     finally:
         staged.cleanup()
     result = {"sid": sid, "new_sid": new_sid, "verified": staged.verified, "why": staged.why,
-              "bundle_sha256": staged.sha256, "state": meta["state"],
-              "original_state": meta["imported"]["original_state"],
+              "bundle_sha256": staged.sha256, "state": here,
+              "original_state": original_state,
               "host": staged.manifest.get("host"), "target": target,
               "original_target": meta.get("target"),
+              "record": "present" if present else "kept",
               "members": len(staged.manifest.get("members") or {}) + 1 + (staged.sig is not None),
-              "changes": B.summary(B.imported_changes(sid)) if staged.changes is not None else None}
+              "changes": B.summary(changes) if changes is not None else None}
     audit.append("bundle.import", sid=sid, target=target or meta.get("target"), new_sid=new_sid,
                  verified=staged.verified, bundle_sha256=staged.sha256,
-                 original_state=result["original_state"], host=result["host"])
+                 original_state=result["original_state"], host=result["host"],
+                 record=result["record"])
     return result
 
 
-def _replay(staged, meta, target, owner, backend):
-    """A new pending session on target whose one savepoint writes the bundle's changes."""
+def _state_here(sid):
+    """The state of the record this machine already has for sid (None when unreadable)."""
+    import json
+    try:
+        with open(os.path.join(store.session_dir(sid), "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return meta.get("state") if isinstance(meta, dict) else None
+
+
+def _replay(staged, meta, target, owner, backend, kept=True):
+    """A new pending session on target whose one savepoint writes the bundle's changes.
+    kept: the record was landed just now (its changes and transcript are read from it);
+    else the sid's record is already here and everything is read from the staged bundle."""
     from overlord.agent import transcript as T
     from overlord.ops.decide import rollback
     from overlord.ops.execute import exec_in, run
     from overlord.ops.review import get_session
     sid = staged.sid
+    if kept:
+        changes, pack = B.imported_changes(sid), None
+    else:
+        changes, pack = B.staged_changes(staged), B.staged_pack(staged)
     opened = run(["true"], target=target, backend=backend, cause={"kind": "import", "event": "open"},
                  close_if_unchanged=False)
     new = opened.sid
     try:
-        changes = B.imported_changes(sid)
         words = B.summary(changes)
         cause = {"kind": "import", "bundle": staged.sha256, "from": sid,
                  "host": staged.manifest.get("host"), "verified": staged.verified,
@@ -145,7 +175,10 @@ def _replay(staged, meta, target, owner, backend):
                  "command": f"overlord import (bundle {staged.sha256[:12]})"}
         with tempfile.TemporaryFile(dir=store.home()) as payload, \
                 tempfile.TemporaryFile(dir=store.home()) as err:
-            B.write_payload(sid, payload)
+            if kept:
+                B.write_payload(sid, payload)
+            else:
+                B.write_payload(sid, payload, changes=changes, pack=pack)
             payload.flush()
             payload.seek(0)
             session = get_session(new)
@@ -158,9 +191,12 @@ def _replay(staged, meta, target, owner, backend):
                                     f"{': ' + said[-1] if said else f' (exit {res.exit_code})'}; "
                                     "nothing was imported")
         session = get_session(new)
-        src = store.session_dir(sid)
         with T.writer(session.dir, "import into"):
-            events = T.read(src)
+            if kept:
+                events = T.read(store.session_dir(sid))
+            else:
+                held = staged.record.get(T.NAME)
+                events = store.read_jsonl(held) if held else []
             note = {"type": "import", "at": round(time.time(), 3), "from": sid,
                     "bundle_sha256": staged.sha256, "host": staged.manifest.get("host"),
                     "verified": staged.verified, "why": staged.why,

@@ -1328,13 +1328,29 @@ if ops.get("root_mode") is not None:
 '''
 
 
-def write_payload(sid, out):
-    """Write the writer's stdin for an imported record's changes to the binary file `out`.
-    Returns the number of operations."""
-    changes = imported_changes(sid)
+def staged_changes(staged):
+    """The changes of a staged (verified, not landed) bundle as imported_changes() gives a
+    landed record's ({deleted, replaced, root_mode, tree, pack}), or None; with
+    staged_pack(staged) they replay without landing the record (it is already here)."""
+    if staged.changes is None:
+        return None
+    return dict(staged.changes, tree=staged.tree, pack=staged.packed)
+
+
+def staged_pack(staged):
+    return os.path.join(staged.dir, PACK)
+
+
+def write_payload(sid, out, changes=None, pack=None):
+    """Write the writer's stdin for an imported record's changes to the binary file `out`
+    (changes + pack given: a staged bundle's, see staged_changes). Returns the number of
+    operations."""
+    if changes is None:
+        changes = imported_changes(sid)
+        pack = os.path.join(store.session_dir(sid), IMPORTED, PACK)
     if changes is None:
         raise OverlordError(f"session {sid} carries no changes to replay")
-    pack, where = os.path.join(store.session_dir(sid), IMPORTED, PACK), changes.get("pack") or {}
+    where = changes.get("pack") or {}
     ops = [{"op": "rm", "path": p} for p in sorted(set(changes["deleted"]) | set(changes["replaced"]),
                                                     key=lambda p: p.split("/"))]
     files = []
