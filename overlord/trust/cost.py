@@ -512,7 +512,7 @@ def _period(line):
     return ts[:10], ts[:7]
 
 
-def _add_spend(spend, line):
+def _add_spend(spend, line, touched=None):
     usd = line.get("usd")
     if not _finite(usd) or not usd:
         return
@@ -528,6 +528,9 @@ def _add_spend(spend, line):
     for scope in _scopes(line):
         per_day[scope] = per_day.get(scope, 0.0) + usd
         per_month[scope] = per_month.get(scope, 0.0) + usd
+        if touched is not None:
+            touched.append((per_day, scope))
+            touched.append((per_month, scope))
 
 
 _kept = {}          # today's date -> (the days, the months spend.json keeps)
@@ -609,14 +612,15 @@ _parsed = {}        # a cache file's path -> (the bytes last read or written the
 def _remember(path, data, doc):
     if len(_parsed) > 256:
         _parsed.clear()
-    _parsed[path] = (data, _fresh(doc))
+    _parsed[path] = [data, _fresh(doc), None]       # None: not yet validated
 
 
-def _read_json(path):
+def _read_json(path, valid=None):
     """(a cache's doc, state): state "ok", "missing" or "damaged" (unreadable, not a regular
     file of ours, not JSON, or its digest does not match: a torn write). The file is opened,
     checked and read every time; its bytes are unsealed and parsed only when they differ from
-    the last ones this process read or wrote at that path. The doc is the caller's own."""
+    the last ones this process read or wrote at that path. The doc is the caller's own.
+    valid: a check of the doc (run once per bytes read); a doc failing it is "damaged"."""
     try:
         fd = _open_cache(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -633,17 +637,22 @@ def _read_json(path):
                 break
             data += chunk
         hit = _parsed.get(path)
-        if hit is not None and hit[0] == data:
-            return _fresh(hit[1]), "ok"
-        doc = _unsealed(data)
+        if hit is None or hit[0] != data:
+            doc = _unsealed(data)
+            if doc is None:
+                return None, "damaged"
+            _remember(path, data, doc)
+            hit = _parsed[path]
     except (OSError, ValueError, UnicodeDecodeError):
         return None, "damaged"
     finally:
         os.close(fd)
-    if doc is None:
-        return None, "damaged"
-    _remember(path, data, doc)
-    return _fresh(doc), "ok"
+    if valid is not None:
+        if hit[2] is None:
+            hit[2] = bool(valid(hit[1]))
+        if not hit[2]:
+            return None, "damaged"
+    return _fresh(hit[1]), "ok"
 
 
 def _ledger_fd():
@@ -780,10 +789,10 @@ def _rebuild_session(fd, sid, end):
 def _load_session(fd, sid, size):
     """A session's cost doc as recorded (zeros when none), rebuilt from the ledger when damaged
     or when it claims past the ledger's end. (doc, rebuilt: bool)."""
-    doc, state = _read_json(_session_path(sid))
+    doc, state = _read_json(_session_path(sid), _valid_session)
     if state == "missing":
         return _zero(), False
-    if state == "ok" and _valid_session(doc) and (fd is None and doc["offset"] == 0 or
+    if state == "ok" and (fd is None and doc["offset"] == 0 or
                                                   fd is not None and _boundary_ok(fd, doc["offset"], size)):
         return doc, False
     return _rebuild_session(fd, sid, size), True
@@ -793,8 +802,8 @@ def _load_spend(fd, size):
     """(spend.json as recorded, True), or (the empty cache at offset 0, False) when it is
     missing, damaged or claims past the ledger's end: the fold then rebuilds it from the whole
     ledger."""
-    doc, state = _read_json(_path(SPEND))
-    if state == "ok" and _valid_spend(doc) and (fd is None and doc["offset"] == 0 or
+    doc, state = _read_json(_path(SPEND), _valid_spend)
+    if state == "ok" and (fd is None and doc["offset"] == 0 or
                                                 fd is not None and _boundary_ok(fd, doc["offset"], size)):
         return doc, True
     return {"offset": 0, "day": {}, "month": {}}, size == 0
@@ -805,9 +814,12 @@ def _fold(spend, sessions, fd, end, load_session):
     (sessions: sid -> doc, loaded through load_session(sid) on first sight). Returns the
     offset folded to."""
     lines = _Lines(fd, spend["offset"], end) if fd is not None else ()
+    # a short fold (a charge: its own line) rounds the sums it changed; the others were
+    # rounded when the cache was written. A long one (a rebuild) rounds them all at the end.
+    touched = [] if fd is not None and end - spend["offset"] <= 1 << 16 else None
     unseen = object()
     for at, line in lines:
-        _add_spend(spend, line)
+        _add_spend(spend, line, touched)
         sid = line.get("sid")
         if isinstance(sid, str):
             doc = sessions.get(sid, unseen)
@@ -817,16 +829,21 @@ def _fold(spend, sessions, fd, end, load_session):
                 _add_session(doc, line)
     upto = lines.upto if fd is not None else spend["offset"]
     spend["offset"] = upto
-    _round(spend, sessions)
+    _round(spend, sessions, touched)
     return upto
 
 
-def _round(spend, sessions):
-    """Sums kept to 1e-10 (folded unrounded: a rebuild adds a million lines)."""
-    for period in ("day", "month"):
-        for per in spend[period].values():
-            for scope, usd in per.items():
-                per[scope] = round(usd, 10)
+def _round(spend, sessions, touched=None):
+    """Sums kept to 1e-10 (folded unrounded: a rebuild adds a million lines). touched: the
+    (per-period table, scope) sums changed, when only those need it."""
+    if touched is not None:
+        for per, scope in touched:
+            per[scope] = round(per[scope], 10)
+    else:
+        for period in ("day", "month"):
+            for per in spend[period].values():
+                for scope, usd in per.items():
+                    per[scope] = round(usd, 10)
     for doc in sessions.values():
         if doc is not None:
             doc["usd"] = round(doc["usd"], 10)
@@ -962,14 +979,13 @@ class Stop:
 
 
 def _policy_lines(target):
-    """policy.rule(target)'s budget lines [(key, limit, source)]. The policy is loaded (read,
-    checked, digested, a change noticed) every time; the rule is worked out again whenever the
-    policy's bytes, the target as it resolves or any of the policy's folders as they resolve
-    differ from the last time (what Policy.rule reads). Shared: never changed by the caller."""
+    """policy.rule(target)'s budget lines [(key, limit, source)]. The policy as _policy() has
+    it; the rule is worked out again whenever the policy's bytes, the target as it resolves or
+    any of the policy's folders as they resolve differ from the last time (what Policy.rule
+    reads). Shared: never changed by the caller."""
     if target is None:
         return []
-    from overlord.trust import policy
-    pol = policy.load()
+    pol = _policy()
     real = os.path.realpath(target)
     key = (pol.path, pol.sha256, real, tuple((p, os.path.realpath(p)) for p in pol.targets))
     got = _rule_cache.get(key)
@@ -984,6 +1000,40 @@ def _policy_lines(target):
 
 
 _rule_cache = {}        # (policy path, its sha256, target, its folders resolved) -> lines
+
+
+def _stamp(path):
+    """What says a file is the one last read: its inode, size, times, mode and owner (any
+    write, chmod, chown or rename changes one; none followed through a symlink)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode,
+            st.st_uid)
+
+
+def _policy():
+    """policy.load(): the live policy, loaded (read, checked, digested, a change noticed on the
+    audit chain) again whenever policy.json's stamp differs from the one it was last loaded
+    under -- the stamp taken before and after the load, kept only when both agree."""
+    from overlord.trust import policy
+    path = _path(store.POLICY_FILE)
+    before = _stamp(path)
+    hit = _policies.get(path)
+    if before is not None and hit is not None and hit[0] == before:
+        return hit[1]
+    pol = policy.load()
+    if before is not None and pol.path == path and _stamp(path) == before:
+        if len(_policies) > 16:
+            _policies.clear()
+        _policies[path] = (before, pol)
+    else:
+        _policies.pop(path, None)
+    return pol
+
+
+_policies = {}          # policy.json's path -> (its stamp, the Policy loaded under it)
 
 
 def budget_lines(target, owner, config=None, plines=None):
