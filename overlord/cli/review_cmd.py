@@ -112,6 +112,10 @@ def _verdict_text(sid, v):
         lines.append("read whole with read_file: " + ", ".join(R.escape_path(p) for p in v["read"]))
     if v["verdict"] == "approve" and v["partial"]:
         lines.append("this approval saw only part of the change: it does not countersign a commit")
+    if isinstance(v.get("cost"), dict):
+        lines.append(agent_cmds.cost_line(v["cost"]))
+    if isinstance(v.get("budget"), dict):
+        lines.append(agent_cmds.budget_line(v["budget"]))
     lines.append(f"fingerprint: {v['fingerprint']}")
     return "\n".join(lines)
 
