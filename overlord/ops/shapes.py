@@ -49,9 +49,25 @@ def fork_json(forked_from):
 
 
 def session_row(meta):
-    """One session of `sessions`, from its meta."""
+    """One session of `sessions`, from its meta, with its running cost (session_cost)."""
     return ({k: meta.get(k) for k in SESSION_KEYS} |
-            {"layers": len(meta.get("layers", [])), "forked_from": fork_json(meta.get("forked_from"))})
+            {"layers": len(meta.get("layers", [])), "forked_from": fork_json(meta.get("forked_from")),
+             "cost": session_cost(meta.get("sid"))})
+
+
+COST_ZERO = {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+             "cache_write_tokens": 0, "tokens": 0, "usd": 0.0, "unpriced": []}
+
+
+def session_cost(sid):
+    """trust/cost.session_total(sid) for a listing: one small cost file per session (the
+    ledger only when that file is damaged: rebuilt once, by cost). Zeros when the session has
+    made no call, and when its cost cannot be read at all: a listing never fails on it."""
+    from overlord.trust import cost     # here, not at the top: this module stays light
+    try:
+        return cost.session_total(sid)
+    except Exception:                   # noqa: BLE001 — a damaged ledger/cache/sid: zeros
+        return dict(COST_ZERO, unpriced=[])
 
 
 def savepoint_json(point):
