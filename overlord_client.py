@@ -533,7 +533,9 @@ class Client:
               **opts):
         """Run the built-in agent on task in a new session on target (None: this process's
         working directory); blocks until it is done, and returns a Session whose .reason,
-        .turns, .usage and .message say how it ended (the session is left pending).
+        .turns, .usage and .message say how it ended (the session is left pending), .cost its
+        running total ({calls, tokens, usd, unpriced, ...}) and .budget the budget stop
+        ({key, limit, spent, source, kind, message}) when reason is "budget", else None.
         on_session(sid): once, as soon as the session exists (the sid agent_cancel takes);
         on_event(event): each transcript event as it is recorded ({"type": "task" |
         "request" | "assistant" | "tool_call" | "tool_result" | "done" | ..., ...});
@@ -638,7 +640,7 @@ class _Handle:
 
 class Session(_Handle):
     """A session as an op left it: sid, state, exit_code, timed_out, layer, changes, notes
-    (and for an agent: reason, turns, usage, message); stdout / stderr (bytes) what `run`'s
+    (and for an agent: reason, turns, usage, message, cost, budget); stdout / stderr (bytes) what `run`'s
     command wrote. `.data` is the whole reply."""
 
     def __init__(self, client, reply, stdout=b"", stderr=b""):

@@ -141,8 +141,11 @@ def run_json(r):
 
 
 def agent_json(r):
+    """As `overlord agent --json`: cost (the session's running total) and budget (the stop's
+    {key, limit, spent, source, kind, message}, or null)."""
     return session_json(r.sid, "pending", r.changes, reason=r.reason, turns=r.turns,
-                        usage=r.usage, message=r.message)
+                        usage=r.usage, message=r.message, cost=getattr(r, "cost", None),
+                        budget=getattr(r, "budget", None))
 
 
 # -- output: a command's bytes as events ----------------------------------------------------------
