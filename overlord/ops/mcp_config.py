@@ -61,7 +61,8 @@ def mcp_add(name, *, command=None, args=(), env=(), url=None, headers=(), replac
     """Configure a server; returns it masked."""
     server = _server(name, command, args, env, url, headers)
     record = _recorded("add", name=name, transport=server.transport, replace=bool(replace),
-                       command=server.command, args=list(server.args), url=config.mask_url(server.url)
+                       command=server.command, argc=len(server.args),   # argv may carry a key
+                       url=config.mask_url(server.url)
                        if server.url else None, env=sorted(server.env), headers=sorted(server.headers))
     config.add(server, replace=replace)
     record()

@@ -57,7 +57,8 @@ HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DEFAULT_MAX_TOTAL = 8 << 30            # decompressed bytes of a whole bundle
 DEFAULT_MAX_MEMBER = 2 << 30           # bytes of one member
 MANIFEST_MAX = 64 << 20
-JSON_MAX = 256 << 20                   # a record file or changes.json read into memory
+JSON_MAX = 32 << 20                    # a record file or changes.json read into memory
+ENTRIES_MAX = 500_000                  # paths a bundle's changes may name (memory stays bounded)
 STAGING = "bundle-tmp"
 IMPORTED = "imported"                  # inside an imported record's session directory
 PACK = "changes.pack"                  # the changes' file bytes, one after another
@@ -230,18 +231,24 @@ class _Counting:
 
 def outside(path, link):
     """Does a symlink at `path` (relative to the tree root) with text `link` lead outside
-    the tree (absolute, or more `..` than it has parents)?"""
+    the tree (absolute, more `..` than it has parents, or a `..` after a name)?"""
     if not link or link.startswith("/"):
         return True
     depth = path.count("/")          # the directories above the link, within the tree
+    named = False
     for part in link.split("/"):
         if part in ("", "."):
             continue
         if part == "..":
+            # a `..` after a name climbs from wherever that name leads: another link of the
+            # bundle's (`up/..` with up -> ..) would take it out while the text looks inside
+            if named:
+                return True
             depth -= 1
             if depth < 0:
                 return True
         else:
+            named = True
             depth += 1
     return False
 
@@ -872,6 +879,10 @@ def read(path, key, require_signature=False):
         os.mkdir(os.path.join(sdir, "f"), 0o700)
         try:
             return _read(raw, sdir, key, require_signature)
+        except MemoryError:
+            shutil.rmtree(sdir, ignore_errors=True)
+            raise Refused("refused: the bundle needs more memory than this process has; "
+                          "nothing was kept") from None
         except BaseException:
             shutil.rmtree(sdir, ignore_errors=True)
             raise
@@ -1093,6 +1104,8 @@ def _check_contents(staged):
         if not isinstance(changes, dict) or not all(
                 isinstance(changes.get(k), list) for k in ("deleted", "replaced")):
             raise Refused("refused: changes/changes.json is damaged")
+        if len(changes["deleted"]) + len(changes["replaced"]) > ENTRIES_MAX:
+            raise Refused(f"refused: changes/changes.json names more than {ENTRIES_MAX:,} paths")
         root_mode = changes.get("root_mode")
         if root_mode is not None and (type(root_mode) is not int or not 0 <= root_mode <= 0o7777):
             raise Refused("refused: changes/changes.json gives the folder a bad mode")

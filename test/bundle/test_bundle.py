@@ -167,9 +167,9 @@ def test_imported_state_listed_and_not_committable(tmp_path, target):
     proc = b("import", tmp_path / "s.ovl")
     assert proc.returncode == 1 and "already exists" in proc.err
     assert open(os.path.join(b.home, "sessions", sid, "meta.json")).read() == before
-    # ... and the imported record can travel on (its changes are kept with it)
-    info = export(b, sid, tmp_path / "again.ovl")
-    assert info["state"] == "imported"
+    # ... and it does not travel on: b's key would vouch for a's word (laundering)
+    proc = b("export", sid, "-o", tmp_path / "again.ovl")
+    assert proc.returncode == 1 and "imported" in proc.err and not (tmp_path / "again.ovl").exists()
 
 
 def test_replay_refused_for_a_committed_bundle(tmp_path, target):
@@ -222,9 +222,13 @@ def test_blame_after_import(tmp_path):
     assert names                                     # the versions blame walks travel along
     b("import", path, check=0)
     got = json.loads(b("blame", t / "hello.txt", "--json", check=0).out)
-    assert got["lines"] == before["lines"]
     owners = [ln["owner"] for ln in got["lines"]]
     assert owners[0] == "origin" and owners[1]["sid"] == sid
+    # the same attribution, marked as another machine's word (unverified: b lacks a's key)
+    host = json.load(open(os.path.join(b.home, "sessions", sid, "meta.json")))["imported"]["from"]
+    assert host and owners[1].pop("imported") == {"from": host, "verified": False}
+    assert [ln["text"] for ln in got["lines"]] == [ln["text"] for ln in before["lines"]]
+    assert owners[1] == before["lines"][1]["owner"]
     got = json.loads(b("blame", t / "b.txt", "--json", check=0).out)
     assert all(isinstance(ln["owner"], dict) and ln["owner"]["sid"] == sid for ln in got["lines"])
     # with a's objects gone from b, blame would say unknown: the objects are what carried it

@@ -44,11 +44,6 @@ def escapes(root):
 
 # -- holes ---------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="HOLE: bundle.outside() judges each symlink's text alone; "
-                   "a link whose text goes through another of the bundle's links (a/up -> '..', "
-                   "a/out -> 'up/..') lands a symlink to the folder's parent. Fix: resolve link "
-                   "text against the bundle's own links (refuse a link text whose components "
-                   "pass through a symlink of the bundle, or any '..' after a non-'..' part)")
 def test_a_chain_of_bundle_symlinks_points_outside_the_folder(two, target, tmp_path):
     a, b = two
     sid, path = pending_bundle(a, target, tmp_path, "mkdir a; echo x > a/f")
@@ -68,12 +63,6 @@ def test_a_chain_of_bundle_symlinks_points_outside_the_folder(two, target, tmp_p
     assert escapes(t2) == []
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: record JSON (changes.json, meta.json) is parsed "
-                   "whole up to JSON_MAX = 256 MiB and every entry becomes a writer op in memory: a "
-                   "few-MB bundle whose changes.json lists 3M deletions needs > 600 MB, and under "
-                   "that limit the import dies 'internal error: MemoryError'. Fix: a far smaller cap on record "
-                   "JSON (and on the count of deleted/replaced/tree entries), and MemoryError "
-                   "turned into one refusal line")
 def test_a_million_deletions_do_not_exhaust_memory(two, target, tmp_path):
     a, b = two
     sid, path = pending_bundle(a, target, tmp_path, "echo x > a.txt")
@@ -398,12 +387,6 @@ def test_a_star_hook_does_not_carry_an_env_value_or_a_header_value(home, recv):
     assert b"ENV-SECRET-1" not in bodies and b"HDR-SECRET-2" not in bodies
 
 
-@pytest.mark.xfail(strict=True, reason="HOLE: connector.config (ops/mcp_config.mcp_add) records a "
-                   "stdio server's argv whole (args=list(server.args)); a '*' json hook then sends "
-                   "`--api-key VALUE` style secrets to the receiver off the machine (the chain "
-                   "itself keeps them too). Fix: record the argument count (or mask values after "
-                   "flags that look like key/token/secret/password, as config.mask_url does for "
-                   "URLs), never argv verbatim")
 def test_a_star_hook_does_not_carry_a_connectors_argv_secret(home, recv):
     o = Ovl(home)
     r = recv()
