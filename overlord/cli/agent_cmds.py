@@ -477,7 +477,8 @@ def cmd_keys(args):
     if args.json:
         R.dump_json(listing)
         return 0
-    print(R.table([(p, where or "-") for p, where in listing.items()]))
+    print(R.table([(p, f"vault (providers/{p})" if where == "vault" else where or "-")
+                   for p, where in listing.items()]))
     return 0
 
 

@@ -394,8 +394,10 @@ def keys_set(provider, key, owner=None):
 
 
 def keys_list(owner=None):
-    """{provider: "own" | "env" | "store" | None}: where the key owner's sessions use comes
-    from ("own" only for an owner), never the key."""
+    """{provider: "own" | "env" | "store" | "vault" | None}: where the key owner's sessions
+    use comes from ("own" only for an owner; "vault": no key in any file or the environment,
+    and a resolver is configured, so secret://providers/<provider> is asked at use), never
+    the key (and the resolver is not run to say so)."""
     return key_store.listing(owner)
 
 
