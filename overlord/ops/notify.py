@@ -2,10 +2,12 @@
 tell a channel when an audited act happens, through overlord/trust/notify.py. Secrets are
 never returned: a hook's `secret` reads None, "set", or the `secret://NAME` reference.
 docs/WEBHOOKS.md."""
-from overlord.trust import notify
+from overlord.trust import audit, notify
 
 FORMATS = notify.FORMATS
 DEFAULT_ON = notify.DEFAULT_ON
+EVERY = "*"
+ACTIONS = (*audit.ACTIONS, EVERY)     # what a hook's `on` may name: every audited act, or "*"
 
 
 def webhook_add(name, url, fmt="slack", on=(), secret=None, allow_private=False):

@@ -83,14 +83,11 @@ def secret_shown(value):
 
 
 def audit_actions(listed=None):
-    """The acts a hook may subscribe to: every audited act (the notify layer's list when it
-    gives one, else the audit chain's own, as the service layer holds it)."""
+    """The audited acts a hook may subscribe to (the notify layer's list when the listing
+    gives one, else ops.notify.ACTIONS), without "*" (EVERY: offered on its own)."""
     from overlord.ops import notify
-    acts = (listed or {}).get("actions") or getattr(notify, "ACTIONS", None)
-    if not acts:
-        from overlord.ops import audit as audit_ops
-        acts = audit_ops.audit.ACTIONS
-    return sorted(a for a in acts if isinstance(a, str))
+    acts = (listed or {}).get("actions") or notify.ACTIONS
+    return sorted(a for a in acts if isinstance(a, str) and a != EVERY)
 
 
 def webhook_add(app, req):
