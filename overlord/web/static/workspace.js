@@ -1134,6 +1134,7 @@
     const src = edit.data.keys[provider];
     $("cs-key-status").textContent = !provider ? "" : src === "env" ? "A key comes from the environment."
       : src === "store" ? "A key for this provider is stored (mode 600); the agent's profile shares it. Type a new one to replace it."
+      : src === "vault" ? `The key comes from the vault (providers/${provider}); a key typed here would be stored and used instead.`
       : !edit.data.needs_key.includes(provider) ? "Optional for compatible endpoints." : "No key stored for this provider yet.";
     csModelOptions(edit.models[`cs:${provider}`] || [], model);
     $("cs-model-typed").value = "";
@@ -1189,6 +1190,7 @@
     const src = edit.data.keys[edit.provider];
     $("s-key-status").textContent = src === "env" ? "A key comes from the environment; a stored one would be ignored."
       : src === "store" ? "A key is stored (mode 600). It is never shown again; type a new one to replace it."
+      : src === "vault" ? `The key comes from the vault (providers/${edit.provider}); a key typed here would be stored and used instead.`
       : !edit.data.needs_key.includes(edit.provider) ? "Optional for compatible endpoints." : "No key stored yet.";
     for (const el of KNOB_IDS) {
       const v = (p.knobs || {})[el.dataset.knob];
