@@ -587,8 +587,10 @@ def test_sigkill_mid_command_kills_the_family_and_the_next_start_reconciles(
         daemon, home, target, backend, ovl):
     sid = opened(daemon, target)
     conn = started(daemon, sid, "echo one > made.txt")
+    # `started` is printed just before the shell execs the sleep: wait for the exec
+    wait_for(lambda: _running(b"987654"), what="the command's sleep")
     family = _descendants(daemon.proc.pid)
-    assert family and _running(b"987654")
+    assert family
     daemon.kill(signal.SIGKILL)
     wait_for(lambda: not any(_alive(p) for p in family), what="the helper and workers to die")
     wait_for(lambda: not _running(b"987654"), what="the command to die")
