@@ -16,7 +16,7 @@ import pytest
 
 from conftest import Ovl
 from weblib import AnthropicFake, require_kernel, ui  # noqa: F401
-from test_browser import Pages, browser, no_overflow  # noqa: F401 -- browser: a fixture
+from test_browser import Pages, browser, fake, no_overflow, pages  # noqa: F401 -- fixtures
 
 try:
     from playwright.sync_api import expect
@@ -24,24 +24,6 @@ except ImportError:                     # pragma: no cover - test_browser's fixt
     expect = None
 
 MODEL = AnthropicFake.MODEL
-
-
-@pytest.fixture
-def pages(browser):
-    p = Pages(browser)
-    yield p
-    try:
-        p.check()
-    finally:
-        p.close()
-
-
-@pytest.fixture
-def fake():
-    f = AnthropicFake()
-    yield f
-    f.close()
-    assert f.problems == []
 
 
 @pytest.fixture
