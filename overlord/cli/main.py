@@ -28,7 +28,8 @@ TRACE_VALUES = ("strace", "ebpf")
 FACE_CLI = ("agent_cmds", "audit_cmds", "policy_cmds", "check_cmd",   # overlord.cli.NAME, each:
             "review_cmd", "daemon_cmd", "mcp_cmd", "hook_cmd", "ui_cmd",  # add_parsers(sub), COMMANDS
             "memory_cmds", "skills_cmds", "users_cmds", "tls_cmd", "sso_cmds",
-            "cost_cmds", "webhooks_cmds", "secrets_cmds", "gc_cmd", "bundle_cmds")
+            "cost_cmds", "webhooks_cmds", "secrets_cmds", "gc_cmd", "bundle_cmds",
+            "egress_cmd")
 ALL = None               # build_parser(command=ALL): every subcommand's full parser
 
 

@@ -4,12 +4,13 @@ import os
 import stat
 
 from overlord.errors import OverlordError, UsageError
-from overlord.sandbox import jail, limits
+from overlord.sandbox import jail, limits, netallow
 from overlord.text import escape_path
 from overlord.txn import store
 
-GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict}
-NET_VALUES = ("host", "none")
+GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict,
+              "net_allow": list, "hold_writes": bool}
+NET_VALUES = ("host", "none", "proxy")
 MAX_TIMEOUT = 10 ** 9     # seconds: past this a "timeout" is none (and NaN, inf, 10**400 break the clock)
 
 
@@ -50,6 +51,11 @@ def validate_grants(grants, where="grants"):
                              f"(at most {MAX_TIMEOUT})")
         if key == "limits":
             value = limits.validate(value, f"{where}: limits")
+        if key == "net_allow":
+            try:
+                value = netallow.parse(value, f"{where}: net_allow")
+            except ValueError as exc:
+                raise UsageError(f"{where}: {exc}" if not str(exc).startswith(where) else str(exc)) from None
         out[key] = value
     return out
 
@@ -118,15 +124,26 @@ def _inside(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def check_net_grants(grants):
+    """--net-allow and --hold-writes only mean something to the recording proxy."""
+    if grants.get("net") != "proxy":
+        for key, flag in (("net_allow", "--net-allow"), ("hold_writes", "--hold-writes")):
+            if grants.get(key):
+                raise UsageError(f"{flag} needs --net proxy (this session's network is "
+                                 f"{grants.get('net', 'host')})")
+
+
 def _check_backend_grants(backend, grants, target):
     """A backend that cannot honour a containment grant refuses it; it never pretends."""
+    check_net_grants(grants)
     if backend.NAME != "kernel":
         if grants.get("jail"):
             raise OverlordError(f"--jail needs the kernel backend; the {backend.NAME} backend is "
                                 "cooperative and refuses rather than running unjailed")
-        if grants.get("net") == "none":
-            raise OverlordError(f"--net none needs the kernel backend; the {backend.NAME} backend "
-                                "refuses rather than running with the network")
+        if grants.get("net") in ("none", "proxy"):
+            raise OverlordError(f"--net {grants['net']} needs the kernel backend; the "
+                                f"{backend.NAME} backend refuses rather than running with the "
+                                "network")
     if grants.get("jail"):
         jail.plan(target, grants.get("net", "host"))      # refuses a target it cannot jail
     from overlord.txn import gitdir

@@ -59,6 +59,8 @@ ACTIONS = (
     "secret.config", "secret.resolve",
     "gc.run",
     "bundle.export", "bundle.import", "bundle.key",
+    # recorded egress (issue 17): a held request released (sent) or dropped at commit/rollback
+    "egress.release", "egress.drop",
 )
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 

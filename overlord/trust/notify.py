@@ -738,40 +738,10 @@ def signature(secret, t, body):
 # -- the guard and the request ------------------------------------------------------------------
 
 def blocked(address):
-    """Why an address is refused without allow_private, or None."""
-    import ipaddress
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return "not an address"
-    if ip.version == 6:
-        embedded = None
-        if ip.ipv4_mapped is not None:
-            embedded = ip.ipv4_mapped
-        elif ip.sixtofour is not None:
-            embedded = ip.sixtofour
-        elif ip in ipaddress.ip_network("64:ff9b::/96"):
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        elif ip in ipaddress.ip_network("::/96") and int(ip) > 1:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)    # IPv4-compatible
-        if embedded is not None:
-            why = blocked(str(embedded))
-            return f"{why} (embedded in {ip})" if why else None
-    checks = (("loopback", ip.is_loopback), ("unspecified", ip.is_unspecified),
-              ("link-local", ip.is_link_local), ("multicast", ip.is_multicast))
-    for why, hit in checks:
-        if hit:
-            return why
-    nets = (("this-network", "0.0.0.0/8"), ("private", "10.0.0.0/8"),
-            ("private", "172.16.0.0/12"), ("private", "192.168.0.0/16"),
-            ("CGNAT", "100.64.0.0/10"), ("ULA", "fc00::/7"), ("site-local", "fec0::/10"))
-    for why, net in nets:
-        n = ipaddress.ip_network(net)
-        if n.version == ip.version and ip in n:
-            return why
-    if ip.is_reserved or ip.is_private or not ip.is_global:
-        return "not a public address"
-    return None
+    """Why an address is refused without allow_private, or None (the one guard every
+    outbound path shares: overlord/sandbox/netallow.py)."""
+    from overlord.sandbox import netallow
+    return netallow.blocked(address)
 
 
 def _resolve(host, port, allow_private):
