@@ -43,8 +43,14 @@ def listener():
             except OSError:
                 return
             seen.append(conn)
-    threading.Thread(target=serve, daemon=True).start()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
     yield srv.getsockname()[1], seen
+    try:
+        srv.shutdown(socket.SHUT_RDWR)   # wakes the accept: joined before the fd is closed
+    except OSError:
+        pass
+    t.join(10)
     srv.close()
 
 

@@ -127,6 +127,14 @@ class FakeDaemon:
                     return
 
     def close(self):
+        """shutdown wakes the accept thread, which is joined before the fd is closed (closing
+        it under a blocked accept would let that thread accept on whatever socket reuses the
+        fd number -- a later test's listener)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.thread.join(10)
         self.sock.close()
 
 

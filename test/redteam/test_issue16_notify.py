@@ -47,8 +47,10 @@ class Receiver:
             self.v6 = True
         except OSError:
             pass
-        for sock in self.socks:
-            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+        self.threads = [threading.Thread(target=self._serve, args=(sock,), daemon=True)
+                        for sock in self.socks]
+        for t in self.threads:
+            t.start()
 
     def _serve(self, sock):
         while not self.closing.is_set():
@@ -94,7 +96,17 @@ class Receiver:
                 conn.close()
 
     def close(self):
+        """shutdown wakes the accept threads, which are joined before the fds are closed
+        (closing one under a blocked accept would let that thread accept on whatever socket
+        reuses the fd number -- a later test's listener)."""
         self.closing.set()
+        for s in self.socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self.threads:
+            t.join(10)
         for s in self.socks + self.conns:
             try:
                 s.close()

@@ -154,7 +154,10 @@ def test_a_reference_inside_a_longer_string_is_not_resolved(o, vault, tmp_path):
     got = []
 
     def serve():
-        c, _ = srv.accept()
+        try:
+            c, _ = srv.accept()
+        except OSError:
+            return
         data = b""
         while b"\r\n\r\n" not in data:
             data += c.recv(65536)
@@ -166,6 +169,11 @@ def test_a_reference_inside_a_longer_string_is_not_resolved(o, vault, tmp_path):
     o("webhooks", "add", "h", f"http://127.0.0.1:{port}/", "--format", "json", "--allow-private",
       "--secret-stdin", input=b"Bearer secret://hooksig\n", check=0)
     o("webhooks", "test", "h", check=0)
+    t.join(10)
+    try:
+        srv.shutdown(socket.SHUT_RDWR)   # wakes an accept never connected: joined before close
+    except OSError:
+        pass
     t.join(10)
     srv.close()
     assert got and runs(log) == []

@@ -44,9 +44,12 @@ def listener():
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     yield srv.getsockname()[1], accepted, first
-    srv.shutdown(socket.SHUT_RDWR)
-    srv.close()
+    try:
+        srv.shutdown(socket.SHUT_RDWR)   # wakes the accept: joined before the fd is closed
+    except OSError:
+        pass
     t.join(10)
+    srv.close()
 
 
 def test_host_loopback_service(jail, listener):

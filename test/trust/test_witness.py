@@ -276,7 +276,7 @@ def test_auto_never_fails_the_act_when_the_witness_is_down(cli, home):
 def slow():
     """A raw TCP witness: sends `head` at once, then `tail` a byte every 50 ms, forever (or
     nothing, never answering). Returns a function (head, tail) -> URL."""
-    done, socks = threading.Event(), []
+    done, socks, listeners = threading.Event(), [], []
 
     def start(head=b"", tail=b""):
         listener = socket.create_server(("127.0.0.1", 0))
@@ -297,11 +297,20 @@ def slow():
             except OSError:
                 pass
             done.wait()
-        threading.Thread(target=serve, daemon=True).start()
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        listeners.append((listener, t))
         return listener.getsockname()[1]
 
     yield start
     done.set()
+    for listener, _ in listeners:     # wakes an accept: joined before the fd is closed
+        try:
+            listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    for _, t in listeners:
+        t.join(10)
     for s in socks:
         s.close()
 
