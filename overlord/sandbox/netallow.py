@@ -47,6 +47,27 @@ def normal(host):
     return host[:-1] if host.endswith(".") else host
 
 
+def checked(host):
+    """A destination host as it will be matched and looked up: a literal address in its
+    canonical form, or an ASCII host name (IDNA applied, lower case, no trailing dot) made of
+    valid labels only. Raises Refused for anything else: a NUL, white space, '@', '/', ':' or a
+    control byte never reaches the matcher or the resolver (the C resolver stops at a NUL, so
+    what was matched and what is looked up could differ)."""
+    if not isinstance(host, str) or not host or len(host) > 255:
+        raise Refused("not a host name")
+    ip = literal(host)
+    if ip is not None:
+        return str(ip)
+    try:
+        name = host.encode("idna").decode("ascii") if not host.isascii() else host
+    except UnicodeError:
+        raise Refused(f"{host.encode('unicode_escape').decode('ascii')[:80]} is not a host name") from None
+    name = normal(name)
+    if not _is_name(name):
+        raise Refused(f"{name.encode('unicode_escape').decode('ascii')[:80]} is not a host name")
+    return name
+
+
 def parse_entry(entry):
     """One allowlist entry, normalised; raises ValueError naming what is wrong with it."""
     if not isinstance(entry, str):
@@ -89,9 +110,12 @@ def parse(entries, where="net_allow"):
 
 def permits(host, allow):
     """Whether the allowlist lets host through (no list: everything is recorded, not refused)."""
+    try:
+        host = checked(host)
+    except Refused:
+        return False
     if not allow:
         return True
-    host = normal(host)
     for entry in allow:
         if entry.startswith("*."):
             if host.endswith(entry[1:]):
@@ -103,7 +127,10 @@ def permits(host, allow):
 
 def named(host, allow):
     """Whether host is named exactly (not by a wildcard): what opens a non-public address."""
-    return normal(host) in (allow or ())
+    try:
+        return checked(host) in (allow or ())
+    except Refused:
+        return False
 
 
 def within(entry, cap):
@@ -151,27 +178,29 @@ def blocked(address):
     return None
 
 
-def resolve(host, port, allow, getaddrinfo=None):
+def resolve(host, port, allow, getaddrinfo=None, cap=None):
     """[(family, address)] to connect to for host:port under allow, every address checked.
-    Raises Refused (outside the list, a non-public address not named) or OSError (no such
-    name). The caller connects to these addresses; it never looks the name up again."""
+    Raises Refused (not a host name, outside the list, a non-public address not named) or
+    OSError (no such name). The caller connects to these addresses; it never looks the name
+    up again. cap: a policy's allowlist the session's was checked against; a non-public
+    address then needs the host named exactly in the cap too (a wildcard cap never grants one,
+    whatever the session's own list names)."""
     import socket
-    if not permits(host, allow):
-        raise Refused(f"{normal(host)} is not in this session's allowlist")
+    host = checked(host)
+    if not permits(host, allow) or (cap is not None and not permits(host, cap)):
+        raise Refused(f"{host} is not in this session's allowlist")
     ip = literal(host)
     if ip is not None:
         infos = [(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, str(ip))]
     else:
-        try:
-            found = (getaddrinfo or socket.getaddrinfo)(host, port, type=socket.SOCK_STREAM)
-        except UnicodeError:
-            raise Refused(f"{host!r} is not a host name") from None
+        found = (getaddrinfo or socket.getaddrinfo)(host, port, type=socket.SOCK_STREAM)
         infos = [(f, sa[0]) for f, _t, _p, _c, sa in found if f in (socket.AF_INET, socket.AF_INET6)]
     out = []
+    opens = named(host, allow) and (cap is None or named(host, cap))
     for family, addr in infos:
         why = blocked(addr)
-        if why and not named(host, allow):
-            shown = normal(host)
+        if why and not opens:
+            shown = host
             said = shown if shown == addr else f"{shown} resolves to {addr}"
             raise Refused(f"{said} ({why}); only a host named exactly in --net-allow may "
                           "reach a non-public address")
