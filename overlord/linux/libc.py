@@ -12,6 +12,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUTS = 0x04000000
+CLONE_PARENT = 0x00008000
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -36,6 +37,7 @@ AT_FDCWD = -100
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -83,6 +85,19 @@ def unshare(flags):
 def mount(source, target, fstype, flags=0, data=None):
     _check(libc().mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)),
            "mount", target)
+
+
+def setns(fd, nstype):
+    """Join the namespaces nstype names of the process a pidfd refers to (or one namespace
+    through an nsfs fd). Joining a user namespace needs a single-threaded caller."""
+    _check(libc().setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+def set_name(name):
+    """The thread's comm (what ps and /proc/<pid>/comm show), at most 15 bytes."""
+    buf = ctypes.create_string_buffer(os.fsencode(name)[:15])
+    _check(libc().prctl(PR_SET_NAME, ctypes.cast(buf, ctypes.c_void_p).value or 0, 0, 0, 0),
+           "prctl")
 
 
 def umount2(target, flags=0):

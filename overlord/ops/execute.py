@@ -5,6 +5,7 @@ import select
 import shlex
 import shutil
 import stat
+import sys
 import threading
 import time
 
@@ -107,6 +108,7 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
                                       stdio=(watch.start() if watch else None) or stdio,
                                       cancel=cancel)
         except LaunchError:
+            _stop_netns(session.sid)      # its holder (and proxy) too, if one was started
             remove_tree(session.dir)      # a launch that failed leaves no half-made session
             raise
         finally:
@@ -127,6 +129,12 @@ def run(argv, target=None, backend=None, grants=None, trace=None, wait=False, st
     return RunResult(session.sid, outcome.exit_code, outcome.timed_out, state, changes, count,
                      notes=run_notes(mod, grants, target),
                      at_line_start=watch.at_line_start if watch else None, layer=layer)
+
+
+def _stop_netns(sid):
+    netns = sys.modules.get("overlord.sandbox.netns")
+    if netns is not None:
+        netns.stop(sid)
 
 
 def _close_unchanged(session):
@@ -458,6 +466,19 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
     it wrote as a new layer."""
     grants, trace = session.meta["grants"], session.meta.get("trace")
     jailed, net = bool(grants.get("jail")), grants.get("net", "host")
+    env = executor.sandbox_env(jailed=jailed)
+    holder = None
+    if net in ("none", "proxy") and mod.NAME == "kernel":
+        # the session's network namespace, kept by a holder in this (launching) process and
+        # joined by every command; started before the session's cgroup holds this process,
+        # so the holder and the proxy are never counted against the command's limits
+        from overlord.sandbox import netns
+        holder = netns.ensure(session.sid, session.dir, net, grants)     # or LaunchError
+        if net == "proxy":
+            env.update(netns.proxy_env())
+            store.write_json_atomic(session.path("egress-command.json"),
+                                    {"layer": len(session.meta["layers"]),
+                                     "cause": cause_line(cause)})
     granted = limits.effective(grants.get("limits"))
     lowers, upper = session.stack_for_next()
     work = session.path("work")
@@ -491,10 +512,11 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
                 hook()
     spec = executor.Launch(
         target=session.target, lowers=lowers, upper=upper, work=work, argv=list(argv), cwd=command_cwd(session.target),
-        env=executor.sandbox_env(jailed=jailed), timeout=timeout or grants.get("timeout"),
+        env=env, timeout=timeout or grants.get("timeout"),
         pty_slave=pty_slave, tty_path=(jail.CONSOLE if jailed else tty) if tty else None,
         trace_fd=recorder.write_fd if recorder else None,
         mount_point=session.path("merged"), hide=(store.home(),), net=net,
+        netns=holder.pidfd if holder is not None else None,
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
         hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
         watch=watch if disk.budget or cancel is not None else None,
@@ -544,6 +566,12 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         if index is not None:
             session.meta["layers"][index]["pinned"] = True
     return outcome, count
+
+
+def cause_line(cause, cap=1000):
+    """A command's cause as one line of at most cap characters (for egress-command.json)."""
+    from overlord.text import cause_text
+    return " ".join(cause_text(cause).split())[:cap]
 
 
 def _record_acts(session, outcome, cause):

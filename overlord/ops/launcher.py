@@ -20,12 +20,19 @@ worker's cancel is that socket, polled by the engine every 0.1 s while the comma
 Stop kills the command tree within a fraction of a second. A server thread that goes away (its
 end closed) cancels too. The helper dies with the server (PR_SET_PDEATHSIG), the
 workers with the helper, and a command with its worker (the engine's own PDEATHSIG).
+
+A worker is the launching process of the commands it runs, so a `net: none|proxy` session's
+network-namespace holder (sandbox/netns.py) is made and kept in the worker: a daemon may keep
+one holder per worker that ran the session's commands (each its own namespace, the same
+grants). Each dies with its worker, or within netns.POLL seconds of the session's end (the
+commit runs in the server, so the holder sees the record finished), and is reaped at once.
 """
 import json
 import os
 import select
 import signal
 import socket
+import sys
 import threading
 
 from overlord import errors
@@ -255,6 +262,8 @@ def _serve_requests(sock):
     os.dup2(null, 1)                 # a command without stdio of its own writes nowhere
     os.close(null)
     while True:
+        if not _wait_for_request(sock):
+            continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 8)
         except InterruptedError:
@@ -272,6 +281,26 @@ def _serve_requests(sock):
         if threading.active_count() > 1:
             return                       # a thread outlived its request: never clone beside it
         sock.send(b"idle")
+
+
+def _wait_for_request(sock):
+    """Block until a request (or the helper's goodbye) is readable: True. Meanwhile reap the
+    session network-namespace holders this worker started that ended on their own (a session
+    committed elsewhere: the holder saw its record finished): False, look again. A worker's
+    holders live while it does (it is single-threaded, so the thread that forked them with
+    PR_SET_PDEATHSIG is the worker itself) and die with it."""
+    netns = sys.modules.get("overlord.sandbox.netns")
+    watched = netns.pidfds() if netns is not None else []
+    if not watched:
+        return True
+    try:
+        ready, _, _ = select.select([sock, *watched], [], [])
+    except InterruptedError:
+        return False
+    if sock in ready:
+        return True
+    netns.reap()
+    return False
 
 
 class _SocketCancel:

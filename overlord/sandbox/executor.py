@@ -54,7 +54,9 @@ class Launch:
     mount_point: str = None         # where the merged view appears (fuse); the target (kernel)
     hide: tuple = ()                # directories the command must not reach (OVERLORD_HOME)
     hardening: object = None        # harden.Hardening, applied by the process that starts it
-    net: str = "host"               # "none": a private, empty network namespace
+    net: str = "host"               # "none"/"proxy": a private, empty network namespace
+    netns: int = None               # a pidfd of the session's netns holder to join (netns.py);
+                                    # None: net none gets a namespace of its own (no session)
     jail: list = None               # jail.Op list: pivot_root into it (kernel backend)
     newroot: str = None             # an empty dir to build the jail's root on
     on_child: object = None         # caller-side hook(pid) once the child exists, before it

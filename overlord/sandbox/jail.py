@@ -62,7 +62,7 @@ def plan(target, net="host", tty=None):
             ops.append(Op("ro-bind", d, d))
     ops += [Op("mask", m) for m in MASKED if os.path.isfile(m) and not os.path.islink(m)]
     ops += [Op("tmpfs", "/tmp"), Op("proc", "/proc"), Op("dev", "/dev", tty)]
-    if net == "host":
+    if net == "host":         # none and proxy need no resolver: a proxy resolves in its back
         resolver = _resolver_outside_etc()
         if resolver:
             ops.append(Op("ro-bind-file", resolver, resolver))

@@ -7,6 +7,13 @@ Process shape for one command:
                                             the namespace and every process in it die)
                                               └─spawn─▶ command (own session)
 
+With `net: none` or `net: proxy` in a session, the command joins the session's network
+namespace instead of making one (netns.py keeps it, in a holder process H):
+
+    caller ──fork──▶ J ──setns(pidfd of H, USER|NET)──clone(PARENT|NEWNS|NEWPID)──▶ init
+                     (J exits at once; init is the caller's child, in H's user namespace, whose
+                     id maps are written already)
+
 The overlay is mounted over the target path inside the private mount namespace, so even
 absolute-path writes into the target land in the session's upper layer.
 """
@@ -80,13 +87,25 @@ NAMESPACES = libc.CLONE_NEWUSER | libc.CLONE_NEWNS | libc.CLONE_NEWPID
 
 def namespaces(spec):
     """Always user, mount and PID; a jail adds its own IPC (no host System V or POSIX
-    queues) and UTS namespaces; net none its own empty network namespace."""
+    queues) and UTS namespaces; net none its own empty network namespace. A command that
+    joins its session's holder (spec.netns) takes the holder's user and network namespaces
+    and makes the rest."""
     flags = NAMESPACES
     if spec.jail is not None:
         flags |= libc.CLONE_NEWIPC | libc.CLONE_NEWUTS
-    if spec.net == "none":
+    if spec.netns is not None:
+        flags &= ~libc.CLONE_NEWUSER
+    elif spec.net != "host":
         flags |= libc.CLONE_NEWNET
     return flags
+
+
+def _host_network(launch):
+    """Fail closed: a command meant to be offline (or proxied) that finds itself in the host's
+    network namespace (a holder that was not what it should be) refuses to start."""
+    host = (launch.host or ({},))[0].get("net")
+    own = executor._ns_inode("net")
+    return host is None or own is None or own == host
 
 
 def _init_process(launch, errw, from_parent):
@@ -100,11 +119,13 @@ def _init_process(launch, errw, from_parent):
             os._exit(125)
         os.close(from_parent)
         libc.prctl(libc.PR_SET_DUMPABLE, 0)
+        if launch.net != "host" and _host_network(launch):
+            raise OSError(1, "refused: the command would have the host's network")
         # private propagation first, so nothing we mount leaks back to the host
         libc.mount(None, "/", None, libc.MS_REC | libc.MS_PRIVATE)
         mount_overlay(launch, launch.target)
-        if launch.net == "none":
-            libc.loopback_up()
+        if launch.net != "host" and launch.netns is None:
+            libc.loopback_up()          # a namespace of our own (a joined one has it up)
         if launch.jail is not None:
             jail.build(launch.jail, launch.newroot)
         for path in () if launch.jail is not None else launch.hide:
@@ -125,35 +146,82 @@ def _init_process(launch, errw, from_parent):
 def launch(spec):
     """Run one command over the layer stack; return an Outcome or raise LaunchError."""
     libc.libc()       # load before cloning, so no child pays for it
+    if spec.net == "proxy" and spec.netns is None:
+        raise LaunchError("net proxy needs the session's network namespace (netns.ensure)")
     # The child is a copy of us. It must be dumpable until we have written its id maps (we
-    # open its /proc files); from then on neither it nor we may be: a command running as our
-    # uid must not read our environment through /proc/<pid>/environ.
+    # open its /proc files) and our hooks have seen it; from then on neither it nor we may
+    # be: a command running as our uid must not read our environment through /proc.
     libc.prctl(libc.PR_SET_DUMPABLE, 1)
     spec.host = executor.host_facts()       # what the command's namespaces must differ from
     errr, errw = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        pid = libc.clone_namespaces(namespaces(spec))
-    except OSError as exc:
-        for fd in (errr, errw, down_r, down_w):
-            os.close(fd)
-        raise LaunchError(f"cannot create namespaces: {exc.strerror}") from None
-    if pid == 0:
-        os.close(errr)
-        os.close(down_w)
-        _init_process(spec, errw, down_r)
-    os.close(errw)
-    os.close(down_r)
-
-    def map_ids():
+    if spec.netns is not None:
+        pid = _start_joined(spec, errr, errw, down_r, down_w)
+        map_ids = None                      # the holder's user namespace has its maps
+    else:
         try:
-            _write_id_maps(pid)
+            pid = libc.clone_namespaces(namespaces(spec))
         except OSError as exc:
-            raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
+            for fd in (errr, errw, down_r, down_w):
+                os.close(fd)
+            raise LaunchError(f"cannot create namespaces: {exc.strerror}") from None
+        if pid == 0:
+            os.close(errr)
+            os.close(down_w)
+            _init_process(spec, errw, down_r)
+        os.close(errw)
+        os.close(down_r)
+
+        def map_ids():
+            try:
+                _write_id_maps(pid)
+            except OSError as exc:
+                raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
     outcome = executor.hand_over(pid, spec, errr, down_w, terminate, prepare=map_ids)
     if outcome.attestation is not None:
         outcome.attestation = {"backend": NAME, **outcome.attestation}
     return outcome
+
+
+def _start_joined(spec, errr, errw, down_r, down_w):
+    """Fork J, which joins the holder's user + network namespaces (setns needs a
+    single-threaded process: a fresh fork is one) and clones the command's init into new
+    mount + PID (+IPC/UTS) namespaces as a child of ours (CLONE_PARENT), tells us its pid and
+    exits. Returns init's pid; raises LaunchError (every fd closed) if there is none."""
+    pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        j = libc.clone_namespaces(0)         # a plain fork, without Python's at-fork work
+    except OSError as exc:
+        for fd in (errr, errw, down_r, down_w, pid_r, pid_w):
+            os.close(fd)
+        raise LaunchError(f"cannot fork: {exc.strerror}") from None
+    if j == 0:
+        try:
+            os.close(errr)
+            os.close(down_w)
+            os.close(pid_r)
+            libc.setns(spec.netns, libc.CLONE_NEWUSER | libc.CLONE_NEWNET)
+            pid = libc.clone_namespaces(namespaces(spec) | libc.CLONE_PARENT)
+            if pid == 0:
+                os.close(pid_w)
+                _init_process(spec, errw, down_r)
+            os.write(pid_w, pid.to_bytes(4, "little"))
+            os._exit(0)
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+            executor.report_and_exit(errw, exc)
+    os.close(errw)
+    os.close(down_r)
+    os.close(pid_w)
+    said = executor.read_all(pid_r)           # EOF once J has gone (and init closed its copy)
+    try:
+        os.waitpid(j, 0)
+    except ChildProcessError:
+        pass
+    if len(said) != 4:
+        error = executor.read_all(errr).decode("utf-8", "replace")
+        os.close(down_w)
+        raise LaunchError(f"cannot join the session's network namespace: {error or 'its starter died'}")
+    return int.from_bytes(said, "little")
 
 
 def terminate(pid):

@@ -3,6 +3,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import time
 
 from overlord.txn import changes as C
@@ -46,6 +47,12 @@ class Session:
 
     def save(self):
         store.save_meta(self.meta)
+        if self.meta.get("state") not in ("running", "pending"):
+            # the session's end (committed, rolled back, unchanged, timed out): its network
+            # namespace holder in this process goes with it (sandbox/netns.py)
+            netns = sys.modules.get("overlord.sandbox.netns")
+            if netns is not None:
+                netns.stop(self.sid)
 
     @property
     def target(self):
