@@ -516,7 +516,7 @@ def _execute(session, mod, argv, cause, timeout=None, pty_slave=None, on_child=N
         pty_slave=pty_slave, tty_path=(jail.CONSOLE if jailed else tty) if tty else None,
         trace_fd=recorder.write_fd if recorder else None,
         mount_point=session.path("merged"), hide=(store.home(),), net=net,
-        netns=holder.pidfd if holder is not None else None,
+        netns=holder.nsfds if holder is not None else None,
         jail=jail.plan(session.target, net, tty) if jailed else None, newroot=session.path("root"),
         hardening=harden.prepare(allow_ptrace=trace == "strace"), on_child=started,
         watch=watch if disk.budget or cancel is not None else None,

@@ -55,8 +55,8 @@ class Launch:
     hide: tuple = ()                # directories the command must not reach (OVERLORD_HOME)
     hardening: object = None        # harden.Hardening, applied by the process that starts it
     net: str = "host"               # "none"/"proxy": a private, empty network namespace
-    netns: int = None               # a pidfd of the session's netns holder to join (netns.py);
-                                    # None: net none gets a namespace of its own (no session)
+    netns: tuple = None             # (user, net) namespace fds of the session's holder to join
+                                    # (netns.py); None: net none gets a namespace of its own
     jail: list = None               # jail.Op list: pivot_root into it (kernel backend)
     newroot: str = None             # an empty dir to build the jail's root on
     on_child: object = None         # caller-side hook(pid) once the child exists, before it

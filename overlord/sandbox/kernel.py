@@ -10,7 +10,7 @@ Process shape for one command:
 With `net: none` or `net: proxy` in a session, the command joins the session's network
 namespace instead of making one (netns.py keeps it, in a holder process H):
 
-    caller ──fork──▶ J ──setns(pidfd of H, USER|NET)──clone(PARENT|NEWNS|NEWPID)──▶ init
+    caller ──fork──▶ J ──setns(H's user, net ns fds)──clone(PARENT|NEWNS|NEWPID)──▶ init
                      (J exits at once; init is the caller's child, in H's user namespace, whose
                      id maps are written already)
 
@@ -200,7 +200,9 @@ def _start_joined(spec, errr, errw, down_r, down_w):
             os.close(errr)
             os.close(down_w)
             os.close(pid_r)
-            libc.setns(spec.netns, libc.CLONE_NEWUSER | libc.CLONE_NEWNET)
+            user_fd, net_fd = spec.netns
+            libc.setns(user_fd, libc.CLONE_NEWUSER)      # first: its caps let us join its net
+            libc.setns(net_fd, libc.CLONE_NEWNET)
             pid = libc.clone_namespaces(namespaces(spec) | libc.CLONE_PARENT)
             if pid == 0:
                 os.close(pid_w)

@@ -12,7 +12,10 @@
 
 A holder belongs to one (launching process, session): made on the session's first `net:
 none` or `net: proxy` command in that process, cached here, joined by its later commands
-there. The launching process identifies H by a pidfd (no pid reuse). H and B die:
+there. The launching process identifies H by a pidfd (no pid reuse) and keeps H's user and
+network namespace fds, opened while H was still dumpable (a command joins through them:
+setns through a pidfd, like opening /proc/<H>/ns/*, needs ptrace access to H, which a
+non-dumpable H gives an ordinary user no more). H and B die:
   - with the launching process (PR_SET_PDEATHSIG; a launcher worker is single-threaded, so
     the thread that forked them lives as long as the worker);
   - with each other (their socket pair: either end closing wakes the other);
@@ -61,6 +64,7 @@ class Holder:
         self.owner = os.getpid()
         self.sid, self.net, self.pid, self.pidfd = sid, net, pid, pidfd
         self.back_pid = self.back_pidfd = None
+        self.nsfds = None           # (user, net) namespace fds of H: what a command joins
 
     def pidfds(self):
         return [fd for fd in (self.pidfd, self.back_pidfd) if fd is not None]
@@ -86,7 +90,9 @@ class Holder:
             except ChildProcessError:
                 pass
             os.close(fd)
-        self.pidfd = self.back_pidfd = None
+        for fd in self.nsfds or ():
+            os.close(fd)
+        self.pidfd = self.back_pidfd = self.nsfds = None
 
 
 _holders = {}                   # sid -> Holder, this process's
@@ -131,7 +137,7 @@ def reap():
     for sid, holder in list(_holders.items()):
         if holder.owner != os.getpid():
             del _holders[sid]
-            for fd in holder.pidfds():
+            for fd in holder.pidfds() + list(holder.nsfds or ()):
                 try:
                     os.close(fd)
                 except OSError:
@@ -179,6 +185,8 @@ def _start(sid, record_dir, net, grants):
         try:
             try:
                 kernel._write_id_maps(pid)
+                holder.nsfds = tuple(os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+                                     for name in ("user", "net"))
             except OSError as exc:
                 raise LaunchError("cannot map ids into the session's user namespace: "
                                   f"{exc.strerror}") from None
