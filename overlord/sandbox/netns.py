@@ -34,6 +34,7 @@ PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy")
 POLL = 0.5                      # seconds between the holder's looks at the session record
+GRACE = 2.0                     # seconds a stopping back may take to finish its connections' lines
 LIVE_STATES = ("running", "pending", "timed-out")   # a holder outlives none of the others
 HOLDER_NAME, BACK_NAME = "overlord-netns", "overlord-proxy"     # their comm, for ps
 
@@ -46,15 +47,16 @@ def proxy_env():
 
 
 def proxy_server(record_dir, grants):
-    """In B, before it says it is ready: the callable that serves the listener. Raising here
-    is a proxy that cannot start (the command never runs)."""
+    """In B, before it says it is ready: the callable that serves the listener until the
+    threading.Event `stop` is set. Raising here is a proxy that cannot start (the command
+    never runs)."""
     from overlord.sandbox import netproxy
     config = netproxy.Config(record_dir=record_dir, allow=list(grants.get("net_allow") or ()),
                              hold_writes=bool(grants.get("hold_writes")))
-    return lambda listener: netproxy.serve(listener, config)
+    return lambda listener, stop: netproxy.serve(listener, config, stop)
 
 
-PROXY = proxy_server            # PROXY(record_dir, grants) -> serve(listener); tests replace it
+PROXY = proxy_server            # PROXY(record_dir, grants) -> serve(listener, stop); tests replace it
 
 
 class Holder:
@@ -77,7 +79,15 @@ class Holder:
         return not ready
 
     def kill(self):
-        """SIGKILL both through their pidfds and reap them: nothing of them is left."""
+        """End both through their pidfds and reap them: nothing of them is left. The back
+        first gets SIGTERM and up to GRACE seconds to write the lines of the connections it
+        is serving (at once if it serves none), then SIGKILL like the holder."""
+        if self.back_pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.back_pidfd, signal.SIGTERM)
+                select.select([self.back_pidfd], [], [], GRACE)
+            except ProcessLookupError:
+                pass
         for pid, fd in ((self.back_pid, self.back_pidfd), (self.pid, self.pidfd)):
             if fd is None:
                 continue
@@ -323,14 +333,28 @@ def _live(meta):
     return state in LIVE_STATES
 
 
+class _Stopping(BaseException):
+    """Raised in B's main thread by SIGTERM: out of the accept loop at once (a BaseException,
+    so no `except Exception` in the loop holds it)."""
+
+
 def _back(parent, sock, ready_w, record_dir, grants):
-    """B: in the host's network namespace, serving the listener H bound. Never returns."""
+    """B: in the host's network namespace, serving the listener H bound. Never returns.
+    SIGTERM (stop(), or H gone) ends it gracefully: the accept loop stops, the connections
+    being served get up to GRACE seconds to finish and write their lines."""
     import socket
     import threading
     from overlord.sandbox import executor
+    stop = threading.Event()
+
+    def stopping(_sig, _frame):
+        if not stop.is_set():
+            stop.set()
+            raise _Stopping()
     try:
         _detach(parent, BACK_NAME, {sock.fileno(), ready_w})
         libc.prctl(libc.PR_SET_DUMPABLE, 0)
+        signal.signal(signal.SIGTERM, stopping)
         _, fds, _, _ = socket.recv_fds(sock, 16, 1)
         if len(fds) != 1:
             raise OSError(0, "the holder handed over no listener")
@@ -341,18 +365,39 @@ def _back(parent, sock, ready_w, record_dir, grants):
     try:
         os.write(ready_w, b"ok")
         os.close(ready_w)
-        threading.Thread(target=_leave_with, args=(sock,), daemon=True).start()
-        serve(listener)
+        watcher = threading.Thread(target=_leave_with, args=(sock,), daemon=True)
+        watcher.start()
+        serve(listener, stop)
+    except _Stopping:
+        pass
     finally:
+        try:
+            stop.set()
+            _finish(GRACE, {threading.current_thread(), watcher})
+        except BaseException:  # noqa: BLE001 - a second signal: leave now
+            pass
         os._exit(0)
 
 
+def _finish(grace, skip):
+    """Wait (up to grace seconds) for B's connection threads to end."""
+    import threading
+    import time
+    deadline = time.monotonic() + grace
+    for thread in threading.enumerate():
+        if thread not in skip:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def _leave_with(sock):
-    """In B: H closing its end of the pair (it died) ends B at once."""
+    """In B: H closing its end of the pair (it died) stops B, as stop() would."""
+    import time
     while True:
         try:
             select.select([sock], [], [])
             break
         except InterruptedError:
             continue
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(GRACE + 1)
     os._exit(0)
