@@ -92,14 +92,15 @@ def test_blocked_lets_public_addresses_through():
 
 @pytest.mark.parametrize("host", ["pypi.org", "evil-pypi.org", "pypi.org.evil.test",
                                   "xpypi.org", "files.pypi.org.evil.test", "pypi.org:443",
-                                  "files.pypi.org..", "files.pypi.org%2e", "files。pypi.org",
-                                  "files.pypi.org\u3002", "files.pypi.org "])
+                                  "files.pypi.org..", "files.pypi.org%2e", "files.pypi.org ",
+                                  "files.pypi.org\x00", "files\x00.pypi.org.evil.test"])
 def test_wildcard_matches_names_below_the_suffix_only(host):
     assert not na.permits(host, ["*.pypi.org"]), host
 
 
 def test_wildcard_matches_below_in_any_case_and_trailing_dot():
-    for host in ("files.pypi.org", "FILES.PYPI.ORG", "files.pypi.org.", "a.b.pypi.org"):
+    for host in ("files.pypi.org", "FILES.PYPI.ORG", "files.pypi.org.", "a.b.pypi.org",
+                 "files\u3002pypi.org", "files.pypi.org\u3002"):     # IDNA: the same name
         assert na.permits(host, ["*.pypi.org"]), host
 
 
@@ -143,16 +144,13 @@ def test_bad_allowlist_entries_are_refused(entry):
         na.parse([entry])
 
 
-@pytest.mark.xfail(strict=True, reason="hole: netallow.resolve hands a host with a NUL to "
-                   "getaddrinfo, which stops at the NUL: '93.184.216.34\\0.files.pypi.org' passes "
-                   "'*.pypi.org' and connects to 93.184.216.34 (no host syntax check in resolve)")
 def test_a_nul_in_the_host_does_not_pass_the_wildcard_to_another_host():
     """Python's socket.getaddrinfo passes the host to C as a NUL-terminated string: whatever
     follows the NUL is what `permits` matched, whatever precedes it is what is looked up. So a
-    wildcard allowlist lets a CONNECT (or an absolute-form URL) reach ANY public host. The
-    real resolver is used (a numeric host: no DNS traffic, nothing is connected to)."""
+    wildcard allowlist would let a CONNECT (or an absolute-form URL) reach ANY public host.
+    The real resolver is used (a numeric host: no DNS traffic, nothing is connected to).
+    Found open on the first version; closed by 16807de (netallow.checked)."""
     host = PUBLIC + "\x00.files.pypi.org"
-    assert na.permits(host, ["*.pypi.org"])
     try:
         got = na.resolve(host, 443, ["*.pypi.org"])
     except (na.Refused, OSError):
@@ -163,11 +161,9 @@ def test_a_nul_in_the_host_does_not_pass_the_wildcard_to_another_host():
 @pytest.mark.parametrize("host", ["x\r\nX-Evil: 1.pypi.org", "files\x1b[2J.pypi.org",
                                   "a b.pypi.org", "a/b.pypi.org", "a@b.pypi.org",
                                   "a:1.pypi.org", "a\t.pypi.org", " files.pypi.org"])
-@pytest.mark.xfail(strict=True, reason="hole: netallow.resolve looks up any string whose tail "
-                   "matches a wildcard (CR/LF, ESC, space, '/', '@', ':' inside the host are "
-                   "handed to the resolver and into the Refused reason) instead of refusing a "
-                   "host that is not a host name")
 def test_a_host_that_is_not_a_host_name_is_refused_before_lookup(host):
+    """Found open on the first version (any string whose tail matched a wildcard was looked
+    up); closed by 16807de."""
     asked = []
     try:
         na.resolve(host, 443, ["*.pypi.org"],
@@ -178,13 +174,12 @@ def test_a_host_that_is_not_a_host_name_is_refused_before_lookup(host):
     pytest.fail(f"{host!r} was looked up ({asked})")
 
 
-@pytest.mark.xfail(strict=True, reason="hole: netallow.within lets an exact entry below a "
-                   "policy's '*.suffix' cap, and named() then opens non-public addresses for it: "
-                   "a cap that never reaches loopback/private lets the session reach them")
 def test_a_wildcard_cap_does_not_become_a_private_address_grant():
     """policy net_allow: ["*.corp.test"] (any public host below corp.test). A session asks
     for `db.corp.test` exactly: within() says it is inside the cap, and because it is named
-    exactly, its private/loopback answer is let through -- which the cap alone refuses."""
+    exactly its loopback answer would be let through -- which the cap alone refuses. Found
+    open on the first version; 16807de added resolve(cap=): with the cap passed, refused.
+    (Whether every caller passes the cap is attacked end to end in section 3.)"""
     cap = na.parse(["*.corp.test"])
     table = {"db.corp.test": ["127.0.0.1"]}
     with pytest.raises(na.Refused):                          # the cap alone: refused
@@ -192,7 +187,10 @@ def test_a_wildcard_cap_does_not_become_a_private_address_grant():
     entries = na.parse(["db.corp.test"])
     assert all(na.within(e, cap) for e in entries)          # policy accepts the session
     with pytest.raises(na.Refused):                          # so it must not reach more
-        na.resolve("db.corp.test", 80, entries, getaddrinfo=fake_resolver(table))
+        na.resolve("db.corp.test", 80, entries, getaddrinfo=fake_resolver(table), cap=cap)
+    named_cap = na.parse(["db.corp.test"])                   # a cap naming it does open it
+    assert na.resolve("db.corp.test", 80, entries, getaddrinfo=fake_resolver(table),
+                      cap=named_cap) == [(socket.AF_INET, "127.0.0.1")]
 
 
 def test_idna_host_under_the_wildcard_stays_under_it():
@@ -210,3 +208,289 @@ def test_idna_host_under_the_wildcard_stays_under_it():
     assert all(a.endswith(".pypi.org") for a in asked)
     with pytest.raises((na.Refused, OSError)):
         na.resolve("evil.test\uff0epypi.org", 443, ["*.pypi.org"], getaddrinfo=idna_resolver)
+
+
+# == 2. netproxy, served on the host (a listener on 127.0.0.1, an injected resolver) ==========
+#
+# up.test -> 127.0.0.2 (named exactly, so its loopback address is allowed); the VICTIM listens
+# on 127.0.0.1 and is named by nothing: a connection reaching it is an escape.
+
+import issue17lib as L       # noqa: E402
+
+
+@pytest.fixture
+def up():
+    server = L.Raw(L.UP_ADDR)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def victim():
+    server = L.Raw("127.0.0.1")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def victim6():
+    try:
+        server = L.Raw("::1", family=socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 loopback on this host")
+    yield server
+    server.close()
+
+
+def _proxy(tmp_path, **kw):
+    kw.setdefault("allow", ["up.test", "*.test"])
+    table = {"up.test": [L.UP_ADDR], "loop.test": ["127.0.0.1"], "mixed.test": [PUBLIC, "127.0.0.1"],
+             "six.test": ["::1"], "lan.test": ["192.168.255.254"]}
+    table.update(kw.pop("table", {}))
+    return L.Proxy(tmp_path / "session", table=table, **kw)
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    p = _proxy(tmp_path)
+    yield p
+    p.stop()
+    assert not p.error, p.error
+
+
+@pytest.fixture
+def record_only(tmp_path):
+    p = _proxy(tmp_path, allow=[])
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def holding(tmp_path):
+    p = _proxy(tmp_path, hold_writes=True)
+    yield p
+    p.stop()
+
+
+def one_line(p, n=1):
+    lines = p.wait_lines(n)
+    assert len(lines) == n, lines
+    return lines[-1]
+
+
+# -- smuggling --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("second", ["GET http://up.test:{up}/b HTTP/1.1\r\nHost: up.test\r\n\r\n",
+                                    "GET /b HTTP/1.1\r\nHost: up.test\r\n\r\n",
+                                    "GET http://127.0.0.1:{victim}/ HTTP/1.1\r\n\r\n",
+                                    "CONNECT 127.0.0.1:{victim} HTTP/1.1\r\n\r\n",
+                                    "POST /b HTTP/1.1\r\nContent-Length: 0\r\n\r\n"])
+def test_a_pipelined_second_request_reaches_no_upstream(proxy, up, victim, second):
+    first = f"GET http://up.test:{up.port}/a HTTP/1.1\r\nHost: up.test\r\n\r\n"
+    data = (first + second.format(up=up.port, victim=victim.port)).encode()
+    reply = proxy.exchange(data)
+    assert L.statuses(reply) == [200]
+    line = one_line(proxy)
+    assert line["path"] == "/a" and "not forwarded" in (line["reason"] or "")
+    assert up.requests() == [("GET", "/a")]
+    assert victim.count == 0
+
+
+def test_a_request_hidden_in_a_content_length_body_is_forwarded_as_body_only(proxy, up):
+    body = b"GET /smuggled HTTP/1.1\r\nHost: up.test\r\n\r\n"
+    data = (f"PUT http://up.test:{up.port}/a HTTP/1.1\r\nContent-Length: 5\r\n\r\n".encode()
+            + body)
+    proxy.exchange(data)
+    one_line(proxy)
+    got = up.got()
+    assert got.endswith(b"\r\n\r\nGET /") and b"smuggled" not in got
+    assert up.requests() == [("PUT", "/a")]
+
+
+def test_a_chunked_body_is_decoded_and_what_follows_it_dropped(proxy, up):
+    data = (f"POST http://up.test:{up.port}/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "5\r\nhello\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: up.test\r\n\r\n").encode()
+    assert L.statuses(proxy.exchange(data)) == [200]
+    one_line(proxy)
+    got = up.got()
+    assert b"smuggled" not in got and b"transfer-encoding" not in got.lower()
+    assert got.endswith(b"\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+
+
+@pytest.mark.parametrize("framing", [
+    "Content-Length: 4\r\nTransfer-Encoding: chunked",
+    "Transfer-Encoding: chunked\r\nContent-Length: 4",
+    "Content-Length: 4\r\nTransfer-Encoding: identity",
+    "Transfer-Encoding: chunked, identity",
+    "Transfer-Encoding: identity, chunked",
+    "Transfer-Encoding: xchunked",
+    "Transfer-Encoding: chunked\r\nTransfer-Encoding: identity",
+    "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
+    "Transfer-Encoding : chunked",
+    "Transfer-Encoding:\r\n chunked",
+    "Transfer-Encoding\t: chunked",
+    "Transfer-Encoding: \x0bchunked",
+    "Transfer-Encoding: chunked\x00",
+    "Content-Length: 4\r\nContent-Length: 40",
+    "Content-Length: 4, 40",
+    "Content-Length: +4",
+    "Content-Length: 0x4",
+    "Content-Length: -4",
+    "Content-Length: 4 4",
+    "Content-Length: 99999999999999999999999",
+    "Content-Length: ４",
+    "Content-Length: 4\nTransfer-Encoding: chunked",
+    "X-A: 1\rTransfer-Encoding: chunked",
+])
+def test_ambiguous_framing_never_smuggles(proxy, up, framing):
+    """Whatever the proxy decides (a 4xx/5xx, or one request it frames itself), the upstream
+    never receives a second request line and never a Transfer-Encoding it did not frame."""
+    data = (f"POST http://up.test:{up.port}/a HTTP/1.1\r\nHost: up.test\r\n{framing}\r\n\r\n"
+            "0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: up.test\r\n\r\n").encode("utf-8")
+    reply = proxy.exchange(data)
+    line = one_line(proxy)
+    got = up.got()
+    assert b"smuggled" not in got
+    assert len(up.requests()) <= 1
+    assert b"transfer-encoding" not in got.lower()
+    assert line["status"] == L.status_of(reply)
+
+
+def test_host_header_does_not_choose_the_destination(proxy, up, victim):
+    """The absolute-form URL is what is checked and what is connected to; a Host header that
+    disagrees is replaced (no domain fronting on a shared upstream), and an allowed Host
+    header does not carry a request to a URL that is not allowed."""
+    data = (f"GET http://up.test:{up.port}/a HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{victim.port}\r\nhost: evil.example\r\n\r\n").encode()
+    assert L.statuses(proxy.exchange(data)) == [200]
+    got = up.got()
+    assert f"\r\nHost: up.test:{up.port}\r\n".encode() in got
+    assert b"evil.example" not in got and f"127.0.0.1:{victim.port}".encode() not in got
+    data = (f"GET http://127.0.0.1:{victim.port}/ HTTP/1.1\r\nHost: up.test:{up.port}\r\n\r\n"
+            ).encode()
+    assert L.status_of(proxy.exchange(data)) == 403
+    lines = proxy.wait_lines(2)
+    assert lines[-1]["host"] == "127.0.0.1" and lines[-1]["allowed"] is False
+    assert victim.count == 0
+
+
+@pytest.mark.parametrize("url", [
+    "http://up.test@127.0.0.1:{v}/", "http://up.test:{u}@127.0.0.1:{v}/",
+    "http://127.0.0.1:{v}\\@up.test:{u}/", "http://127.0.0.1:{v}%40up.test:{u}/",
+    "http://up.test:{u}#@127.0.0.1:{v}/", "http://127.0.0.1:{v}#.up.test/",
+    "http://127.0.0.1:{v}?.up.test/", "http://up.test.@127.0.0.1:{v}/",
+    "http://127.0.0.1:{v}/http://up.test:{u}/", "http://[::ffff:127.0.0.1]:{v}/",
+    "http://2130706433:{v}/", "http://0x7f.1:{v}/", "http://017700000001:{v}/",
+    "http://0:{v}/", "http://0.0.0.0:{v}/", "http://127.1:{v}/", "http://LOCALHOST:{v}/",
+    "http://localhost.:{v}/", "http://loop.test:{v}/", "http://mixed.test:{v}/",
+    "http://LOOP.TEST.:{v}/", "http://127.0.0.1:{v}:{u}/", "http://up.test:{u}:{v}/",
+    "http://127.0.0.1:00{v}/", "http://127.0.0.1:+{v}/", "http://127.0.0.1 :{v}/",
+    "HTTP://127.0.0.1:{v}/", "http:/127.0.0.1:{v}/", "http:127.0.0.1:{v}/",
+    "http://127.0.0.1:{v}", "http://127.0.0.1%00.up.test:{v}/", "//127.0.0.1:{v}/",
+])
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_no_url_spelling_reaches_a_loopback_listener(proxy, up, victim, url, method):
+    target = url.format(u=up.port, v=victim.port)
+    data = f"{method} {target} HTTP/1.1\r\nHost: up.test\r\nContent-Length: 0\r\n\r\n".encode()
+    reply = proxy.exchange(data)
+    line = one_line(proxy)
+    assert victim.count == 0, (target, reply)
+    if L.status_of(reply) == 200:       # then it went to up.test, and says so
+        assert line["host"] == "up.test" and up.count == 1, line
+
+
+@pytest.mark.parametrize("authority", [
+    "127.0.0.1:{v}", "127.1:{v}", "0:{v}", "0.0.0.0:{v}", "2130706433:{v}", "0x7f.1:{v}",
+    "0x7f000001:{v}", "017700000001:{v}", "0177.0.0.1:{v}", "[::ffff:127.0.0.1]:{v}",
+    "[::ffff:7f00:1]:{v}", "[::127.0.0.1]:{v}", "[64:ff9b::7f00:1]:{v}",
+    "[2002:7f00:1::]:{v}", "localhost:{v}", "LOCALHOST:{v}", "localhost.:{v}",
+    "ip6-localhost:{v}", "loop.test:{v}", "LOOP.test.:{v}", "mixed.test:{v}",
+    "up.test@127.0.0.1:{v}", "127.0.0.1:{v}@up.test:{u}", "127.0.0.1:{v}#up.test:{u}",
+    "127.0.0.1:{u}:{v}", "[127.0.0.1]:{v}", "127.0.0.1", "127.0.0.1:{v}/",
+    "http://127.0.0.1:{v}", "127.0.0.1:{v}%00up.test", "ｌｏｃａｌｈｏｓｔ:{v}",
+])
+def test_connect_reaches_no_loopback_port(proxy, up, victim, authority):
+    target = authority.format(u=up.port, v=victim.port)
+    data = f"CONNECT {target} HTTP/1.1\r\nHost: up.test:{up.port}\r\n\r\nhello".encode("utf-8")
+    reply = proxy.exchange(data)
+    line = one_line(proxy)
+    assert L.status_of(reply) in (400, 403, 502), reply
+    assert line["allowed"] is False or line["status"] != 200
+    assert victim.count == 0
+
+
+def test_connect_to_ipv6_loopback_refused(proxy, victim6):
+    for target in (f"[::1]:{victim6.port}", f"six.test:{victim6.port}",
+                   f"[0:0:0:0:0:0:0:1]:{victim6.port}", f"[::]:{victim6.port}"):
+        reply = proxy.exchange(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) in (400, 403), (target, reply)
+    assert victim6.count == 0
+
+
+def test_record_only_still_refuses_this_machine(record_only, victim):
+    """No allowlist: every PUBLIC host is recorded and allowed; loopback still is not."""
+    for target in (f"127.0.0.1:{victim.port}", f"localhost:{victim.port}",
+                   f"loop.test:{victim.port}", f"2130706433:{victim.port}"):
+        reply = record_only.exchange(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) in (403, 502), reply     # 502: the fake resolver lacks the name
+    assert victim.count == 0
+    assert [x["status"] for x in record_only.wait_lines(4)] != [200] * 4
+    assert all(x["status"] in (403, 502) for x in record_only.wait_lines(4))
+
+
+def test_the_proxy_cannot_be_pointed_at_itself(proxy):
+    reply = proxy.exchange(f"CONNECT 127.0.0.1:{proxy.port} HTTP/1.1\r\n\r\n".encode())
+    assert L.status_of(reply) == 403
+    reply = proxy.exchange(f"GET http://127.0.0.1:{proxy.port}/ HTTP/1.1\r\n\r\n".encode())
+    assert L.status_of(reply) == 403
+    assert len(proxy.wait_lines(2)) == 2
+
+
+def test_a_suffix_and_its_lookalikes_are_not_the_wildcard(tmp_path, up):
+    p = _proxy(tmp_path, allow=["*.up.test"], table={"up.test": [PUBLIC], "evil-up.test": [PUBLIC],
+                                                     "a.up.test": [L.UP_ADDR]})
+    try:
+        for host in ("up.test", "evil-up.test", "up.test.evil", "xup.test"):
+            reply = p.exchange(f"CONNECT {host}:443 HTTP/1.1\r\n\r\n".encode())
+            assert L.status_of(reply) == 403, host
+        # below the suffix but resolving to loopback: a wildcard never opens it
+        reply = p.exchange(f"CONNECT a.up.test:{up.port} HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) == 403
+        assert up.count == 0
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize("head", [
+    "GET http://up.test:{u}/\x1b[2J HTTP/1.1", "GET http://up.test:{u}/a\r\nX: y HTTP/1.1",
+    "GET http://up.test:{u}/a\nX-Injected: 1 HTTP/1.1", "GET http://up.test:{u}/a\x00 HTTP/1.1",
+    "GET http://up.test:{u}/a HTTP/1.1\r\nX-A: a\rX-Injected: 1",
+    "GET http://up.test:{u}/a HTTP/1.1\r\nX-A: a\nX-Injected: 1",
+    "GET http://up.test:{u}/a HTTP/1.1\r\nX-A: a\x00b",
+    "GET http://up.test:{u}/a HTTP/1.1\r\nX-A\r\nX-Injected: 1: x",
+    "GET http://up.test:{u}/a HTTP/1.1\r\n X-Injected: 1",
+    "GET http://up.test:{u}/a HTTP/1.1\r\nX-\x1b[31m: 1",
+])
+def test_crlf_and_control_bytes_never_reach_the_upstream_head(proxy, up, head):
+    data = (head.format(u=up.port) + "\r\n\r\n").encode("latin-1")
+    reply = proxy.exchange(data)
+    one_line(proxy)
+    got = up.got()
+    assert b"X-Injected" not in got and b"\x1b" not in got and b"\x00" not in got
+    if up.count:
+        assert L.status_of(reply) == 200
+        head_bytes = got.split(b"\r\n\r\n", 1)[0]
+        assert not any(c in head_bytes for c in (b"\n\n", b"\r\r")) and b"\r\n " not in head_bytes
+
+
+def test_garbage_and_origin_form_get_a_clean_4xx_and_a_line(proxy, up):
+    for data in (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64 + b"\r\n",
+                 b"GET / HTTP/1.1\r\nHost: up.test\r\n\r\n", b"SSH-2.0-OpenSSH_9.0\r\n",
+                 b"get http://up.test/ HTTP/1.1\r\n\r\n", b"GET http://up.test/ HTTP/2.0\r\n\r\n",
+                 b"GET  http://up.test/ HTTP/1.1\r\n\r\n", b"\r\n\r\n", b"GET\r\n\r\n",
+                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"):
+        reply = proxy.exchange(data)
+        assert L.status_of(reply) in (400, 501), (data, reply)
+    lines = proxy.wait_lines(9)
+    assert len(lines) == 9 and all(not x["allowed"] for x in lines)
+    assert up.count == 0
