@@ -255,6 +255,15 @@ def _reap(pids):
 
 
 def _serve_requests(sock):
+    try:
+        _serve_loop(sock)
+    finally:
+        netns = sys.modules.get("overlord.sandbox.netns")
+        if netns is not None:
+            netns.stop_all()         # gracefully, before our exit's PDEATHSIG would
+
+
+def _serve_loop(sock):
     from overlord.linux import libc
     libc.prctl(libc.PR_SET_PDEATHSIG, signal.SIGKILL)
     null = os.open(os.devnull, os.O_RDWR)

@@ -120,7 +120,21 @@ def ensure(sid, record_dir, net, grants=None):
     stop(sid)
     holder = _start(sid, record_dir, net, grants or {})
     _holders[sid] = holder
+    _stop_at_exit()
     return holder
+
+
+_registered = []
+
+
+def _stop_at_exit():
+    """A process that leaves normally (the CLI after `run`) stops its holders the graceful way
+    (a back writes the lines of the connections it still serves) before PR_SET_PDEATHSIG
+    would SIGKILL them."""
+    if os.getpid() not in _registered:
+        import atexit
+        atexit.register(stop_all)
+        _registered.append(os.getpid())
 
 
 def live(sid):
@@ -137,6 +151,7 @@ def stop(sid):
 
 
 def stop_all():
+    """Stop every holder this process started (the others are forgotten)."""
     for sid in list(_holders):
         stop(sid)
 

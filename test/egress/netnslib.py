@@ -1,6 +1,7 @@
 """Helpers of the per-session network namespace tests (test_netns.py, test_proxy_session.py)."""
 import os
 import select
+import threading
 import time
 
 from overlord import ops
@@ -19,6 +20,14 @@ for family, addr in ((socket.AF_INET, ("192.0.2.1", 80)), (socket.AF_INET6, ("20
     s.settimeout(5)
     print(s.connect_ex(addr))
     s.close()
+'''
+
+# Sends argv[1] to the proxy's listener inside the session and prints the answer's first line.
+ASK = r'''
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(sys.argv[1].encode())
+print(s.makefile().readline().strip())
 '''
 
 
@@ -146,3 +155,20 @@ def session_files(home, sid):
 def no_sessions(home):
     d = os.path.join(str(home), "sessions")
     return not os.path.isdir(d) or os.listdir(d) == []
+
+
+def slow_logging_proxy(record_dir, grants):
+    """Answers at once, then writes its 'line' 0.3 s later on a thread of its own (a
+    connection whose line is still to come when the command has ended)."""
+    def serve(listener, stop):
+        while not stop.is_set():
+            conn, _ = listener.accept()
+            conn.sendall(b"ok\n")
+            conn.close()
+
+            def log():
+                time.sleep(0.3)
+                with open(os.path.join(record_dir, "slow.log"), "a") as f:
+                    f.write("line\n")
+            threading.Thread(target=log).start()
+    return serve

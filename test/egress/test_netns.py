@@ -3,7 +3,6 @@ kernel enforces, one per session in a launching process and joined by every comm
 holder that dies with the session, with its launching process, and leaves nothing behind."""
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys

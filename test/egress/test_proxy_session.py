@@ -7,14 +7,14 @@ import http.server
 import json
 import os
 import signal
-import socket
 import threading
 
 import pytest
 
 from conftest import require_backend
-from netnslib import (CONNECT, PY, Started, exec_in, exited, inode_of, netns_of_pid,
-                      no_sessions, processes_named, run, session_files, wait_until)
+from netnslib import (ASK, CONNECT, PY, Started, exec_in, exited, inode_of, netns_of_pid,
+                      no_sessions, processes_named, run, session_files, slow_logging_proxy,
+                      wait_until)
 
 from overlord import ops
 from overlord.errors import LaunchError
@@ -50,12 +50,6 @@ def echo_proxy(record_dir, grants):
     return serve
 
 
-ASK = r'''
-import socket, sys
-s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
-s.sendall(sys.argv[1].encode())
-print(s.makefile().readline().strip())
-'''
 ENV = r'''
 import json, os
 print(json.dumps({k: v for k, v in os.environ.items() if "proxy" in k.lower()}, sort_keys=True))
@@ -257,3 +251,43 @@ def test_through_the_real_proxy(kernel, home, target, started):
     assert line["allowed"] is True and line["status"] == 200
     assert line["layer"] == 0 and line["cause"].startswith("sh -c ")
     assert res.state == "unchanged" and started.all_gone()
+
+
+def test_the_back_writes_its_last_lines_before_it_goes(kernel, home, target, monkeypatch, started):
+    monkeypatch.setattr(netns, "PROXY", slow_logging_proxy)
+    res, out, _ = run(target, ["sh", "-c", f"{PY} -c '{ASK}' x; touch a"], PROXY)
+    assert out.strip() == "ok"
+    ops.rollback(res.sid)                    # stop(): SIGTERM, then the back's grace
+    assert started.all_gone()
+    with open(os.path.join(str(home), "sessions", res.sid, "slow.log")) as f:
+        assert f.read() == "line\n"
+
+
+EXITS = r'''
+import os, sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.join(sys.argv[1], "test", "egress"))
+from overlord import ops
+from overlord.sandbox import netns
+import netnslib as t
+netns.PROXY = t.slow_logging_proxy
+res = ops.run(["sh", "-c", f"{t.PY} -c '{t.ASK}' x; touch a"], target=sys.argv[2], backend="kernel",
+              grants={"jail": True, "net": "proxy"})
+print(res.sid, netns.live(res.sid).back_pid, flush=True)
+'''
+
+
+def test_a_launcher_that_exits_lets_its_back_finish(kernel, home, target):
+    """The CLI after `run` (the session pending): a normal exit stops the holder the same
+    graceful way before PR_SET_PDEATHSIG would kill it."""
+    import subprocess
+    import sys
+    from conftest import REPO
+    proc = subprocess.run([sys.executable, "-c", EXITS, REPO, str(target)], capture_output=True,
+                          env=dict(os.environ, OVERLORD_HOME=str(home)), timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode()
+    sid, back = proc.stdout.decode().split()[-2:]
+    assert get_session(sid).meta["state"] == "pending"
+    with open(os.path.join(str(home), "sessions", sid, "slow.log")) as f:
+        assert f.read() == "line\n"
+    assert int(back) not in processes_named()
