@@ -237,6 +237,11 @@ def _start(sid, record_dir, net, grants):
 
 def _start_back(holder, record_dir, grants, pair):
     from overlord.sandbox import executor
+    if PROXY is proxy_server:
+        try:                  # imported here once per process (a launcher worker: per session
+            from overlord.sandbox import netproxy  # noqa: F401 - not each back)
+        except Exception:     # noqa: BLE001 - B reports it as a proxy that cannot start
+            pass
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
     try:
