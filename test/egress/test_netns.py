@@ -221,6 +221,7 @@ def test_the_holder_dies_with_its_launching_process(kernel, home, target):
             proc.kill()
             proc.wait()
         proc.stdout.close()
+        executor.make_removable(str(home))    # the killed command's overlay work dir (mode 000)
 
 
 def test_net_none_and_proxy_are_refused_on_fuse(home, target):
