@@ -25,6 +25,7 @@ from overlord.errors import OverlordError, UsageError
 from overlord.text import jsonable
 
 TRACE_VALUES = ("strace", "ebpf")
+NET_CHOICES = ("host", "none", "proxy")      # overlord.ops.grants.NET_VALUES
 FACE_CLI = ("agent_cmds", "audit_cmds", "policy_cmds", "check_cmd",   # overlord.cli.NAME, each:
             "review_cmd", "daemon_cmd", "mcp_cmd", "hook_cmd", "ui_cmd",  # add_parsers(sub), COMMANDS
             "memory_cmds", "skills_cmds", "users_cmds", "tls_cmd", "sso_cmds",
@@ -194,6 +195,20 @@ def build_parser(command=ALL):
     return p
 
 
+def _net_flags(p):
+    """--net, --net-allow, --hold-writes: the network grant of a session opened here
+    (docs/EGRESS.md)."""
+    p.add_argument("--net", choices=NET_CHOICES, help="network grant: host (the host's), none "
+                   "(loopback only), proxy (only through OVERLORD's recording HTTP proxy; kernel "
+                   "backend)")
+    p.add_argument("--net-allow", action="append", metavar="HOST", default=None,
+                   help="with --net proxy: a host the session may reach (pypi.org, '*.pypi.org' "
+                   "for names below it, a literal IP); others are refused; repeatable")
+    p.add_argument("--hold-writes", action="store_true", default=None,
+                   help="with --net proxy: hold plain-HTTP POST/PUT/PATCH/DELETE until commit "
+                   "(commit --release-held sends them)")
+
+
 def _own_parsers(sub):
 
     r = sub.add_parser("run", help="run a command in a new transactional session",
@@ -209,7 +224,7 @@ def _own_parsers(sub):
     r.add_argument("--merge-base", action="store_true", default=None,
                    help="keep base copies of touched files so commit --merge can three-way merge")
     r.add_argument("--jail", action="store_true", default=None, help="pivot_root jail (kernel backend)")
-    r.add_argument("--net", choices=("none", "host"), help="network grant")
+    _net_flags(r)
     r.add_argument("--limit", action="append", metavar="KEY=N", default=[],
                    help="resource grant (memory_mb, pids, cpu_pct, disk_mb, fsize_mb, nofile; "
                    "0 = unlimited); repeatable")
@@ -230,6 +245,7 @@ def _own_parsers(sub):
     s.add_argument("--wait", action="store_true", help="queue behind a session executing on the target")
     s.add_argument("--json", action="store_true", help="on exit, one JSON line instead of the "
                    "session line")
+    _net_flags(s)
 
     ss = sub.add_parser("sessions", help="list sessions with state, target and cause",
                         description="One line per session: SID, state (running, pending, "
@@ -300,6 +316,12 @@ def _own_parsers(sub):
                    "user (recorded on the session)")
     c.add_argument("--countersigned", action="store_true", help="refuse unless a fresh, complete "
                    "approval by a second model (`overlord review`) is on record for exactly this change")
+    c.add_argument("--release-held", action="store_true", help="once the tree has landed, send "
+                   "every request the session held (--hold-writes), in order; without it (or "
+                   "--release) they are dropped (`overlord egress SID` lists them)")
+    c.add_argument("--release", action="append", default=[], metavar="ID",
+                   help="send only this held request (e.g. h0001) once the tree has landed; "
+                   "repeatable; the others are dropped")
 
     _sid_command(sub, "rollback", "roll back: discard a session; the target stays untouched",
                  description="Roll back a session: discard its changes and savepoints. The target "
@@ -395,8 +417,30 @@ def _resolve_sids(args):
 def _grants(args):
     manifest = ops.load_manifest(args.manifest) if getattr(args, "manifest", None) else {}
     flags = {"jail": getattr(args, "jail", None), "net": getattr(args, "net", None),
-             "timeout": getattr(args, "timeout", None), "merge_base": getattr(args, "merge_base", None)}
-    return ops.merge_grants(manifest, flags, getattr(args, "limit", ()))
+             "timeout": getattr(args, "timeout", None), "merge_base": getattr(args, "merge_base", None),
+             "net_allow": net_allow_flags(getattr(args, "net_allow", None)),
+             "hold_writes": getattr(args, "hold_writes", None)}
+    grants = ops.merge_grants(manifest, flags, getattr(args, "limit", ()))
+    from overlord.ops.grants import check_net_grants
+    check_net_grants(grants)        # --net-allow / --hold-writes without --net proxy: one line
+    return grants
+
+
+def net_allow_flags(values):
+    """The --net-allow values, each checked (netallow's message, naming the flag), or None
+    when none was given."""
+    if not values:
+        return None
+    from overlord.sandbox import netallow
+    out = []
+    for value in values:
+        try:
+            entry = netallow.parse_entry(value)
+        except ValueError as exc:
+            raise UsageError(f"--net-allow: {exc}") from None
+        if entry not in out:
+            out.append(entry)
+    return out
 
 
 def cmd_run(args, cmd):
@@ -513,6 +557,7 @@ def cmd_diff(args):
         for row, text in zip(rows, texts or ()):
             row["patch"] = text
         dump_json(rows)
+        _held_note(args.sid)
         return 0
     git = ops.git_summary(args.sid, changes)
     if args.patch:
@@ -523,11 +568,24 @@ def cmd_diff(args):
         for line in R.git_lines(git):
             print(line)
         sys.stdout.write("".join(ops.unified(args.sid, patched)))
+        _held_note(args.sid)
         return 0
     lines = [(ch.path_class, f"{ch.kind}  {R.escape_path(ch.path)}{_words(ch)}") for ch in changes]
     for line in R.grouped(lines, git):
         print(line)
+    _held_note(args.sid)
     return 0
+
+
+def _held_note(sid):
+    """On stderr (stdout stays one line per path): the held requests that wait for commit."""
+    if not os.path.isdir(ops.get_session(sid).path("held")):
+        return              # no held/ directory: no --hold-writes request was ever held
+    n = ops.held_waiting(sid)
+    if n:
+        sys.stdout.flush()
+        print(f"overlord: note: {n} held request{'s' if n != 1 else ''} wait{'' if n != 1 else 's'}"
+              f" for commit (overlord egress {sid})", file=sys.stderr)
 
 
 def _log_line(r):
@@ -601,15 +659,24 @@ def _print_syscalls(calls):
 
 
 def cmd_commit(args):
+    if args.release_held and args.release:
+        raise UsageError("--release-held sends every held request; --release ID chooses some: "
+                         "give one or the other")
+    release = True if args.release_held else list(args.release) if args.release else False
     result = ops.commit(args.sid, force=args.force, merge=args.merge, only=args.only, drop=args.drop,
                         allow_privileged=args.allow_privileged_modes,
-                        countersigned=args.countersigned)
+                        countersigned=args.countersigned, release_held=release)
     for finding in result.findings:
         print(f"overlord: note: {R.finding_line(finding)}", file=sys.stderr)
     merged = f", {len(result.merged)} merged" if result.merged else ""
     signed = (f", countersigned by review #{result.countersigned['n']}"
               if result.countersigned else "")
     print(f"committed {args.sid}: {R.summarize(result.changes)}{merged}{signed}")
+    for line in R.held_outcome_lines(result.released, result.dropped_held):
+        print(line)
+    if result.egress_error:
+        print(f"overlord: held requests: {R.escape_text(result.egress_error)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -624,8 +691,10 @@ def cmd_revert(args):
 
 
 def cmd_rollback(args):
-    ops.rollback(args.sid)
+    meta = ops.rollback(args.sid)
     print(f"rolled back {args.sid}")
+    for line in R.held_outcome_lines((), meta.get("dropped_held")):
+        print(line)
     return 0
 
 

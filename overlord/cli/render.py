@@ -153,3 +153,83 @@ def table(rows):
         cells = [str(c).ljust(w) for c, w in zip(r, widths)] + [str(r[-1])]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+# -- recorded egress (docs/EGRESS.md) ---------------------------------------------------------
+# Every host, path, method, header and reason below was chosen by a sandboxed program or a
+# remote server: each is escaped, and cut to a cell's width where a table holds it.
+
+def _cell(value, width=None):
+    if value is None or value == "":
+        return "-"
+    text = escape_path(str(value))
+    if width and len(text) > width:
+        text = text[:width - 1] + "…"
+    return text
+
+
+def _ms(value):
+    return f"{value:.0f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def egress_rows(connections):
+    """The connection table of `overlord egress`: a header row, then one row per line of the
+    session's egress.jsonl."""
+    rows = [("TIME", "HOST", "PORT", "METHOD", "PATH", "ALLOWED", "STATUS", "UP", "DOWN", "MS",
+             "CMD")]
+    for c in connections:
+        ts = c.get("ts")
+        stamp = (time.strftime("%H:%M:%S", time.localtime(ts))
+                 if isinstance(ts, (int, float)) and not isinstance(ts, bool) else "-")
+        allowed = {True: "yes", False: "REFUSED"}.get(c.get("allowed"), "-")
+        if c.get("held"):
+            allowed = f"held {_cell(c['held'], 12)}"
+        layer, cause = c.get("layer"), c.get("cause")
+        cmd = (f"@{layer} " if isinstance(layer, int) and not isinstance(layer, bool) else "") \
+            + (_cell(cause, 50) if cause else "")
+        rows.append((stamp, _cell(c.get("host"), 60), _cell(c.get("port")),
+                     _cell(c.get("method"), 12), _cell(c.get("path"), 60), allowed,
+                     _cell(c.get("status")), _cell(c.get("bytes_up")), _cell(c.get("bytes_down")),
+                     _ms(c.get("duration_ms")), cmd.strip() or "-"))
+    return rows
+
+
+def held_lines(held):
+    """The HELD REQUESTS block: per masked held record (overlord.sandbox.egress.masked), a line
+    `ID  METHOD  URL  STATE[ STATUS]` and its headers (credentials masked) and body indented."""
+    out = []
+    for r in held:
+        state = _cell(r.get("state"))
+        if r.get("status") is not None:
+            state += f" {_cell(r.get('status'))}"
+        if r.get("error"):
+            state += f" ({_cell(r.get('error'), 120)})"
+        out.append(f"{_cell(r.get('id'), 16)}  {_cell(r.get('method'), 12)}  "
+                   f"{_cell(r.get('url'), 200)}  {state}")
+        for header in r.get("headers") or ():
+            if isinstance(header, (list, tuple)) and len(header) == 2:
+                out.append(f"    {_cell(header[0], 80)}: {_cell(header[1], 200)}")
+        body = r.get("body") if r.get("body") is not None else r.get("body_preview")
+        size = r.get("bytes")
+        if body or size:
+            shown = f" {_cell(body, 200)}" if body else ""
+            out.append(f"    body ({_cell(size)} bytes){shown}")
+    return out
+
+
+def held_outcome_lines(released, dropped):
+    """What commit (or rollback) did with the held requests: one line per request sent, with
+    the status it got (or why it failed), then one line for the ones dropped."""
+    out = []
+    for r in released or ():
+        got = (f"-> {_cell(r.get('status'))}" if r.get("status") is not None
+               else f"failed: {_cell(r.get('error'), 200)}")
+        where = r.get("url") or f"{r.get('host') or ''}{r.get('path') or ''}"
+        out.append(f"released {_cell(r.get('id'), 16)}  {_cell(r.get('method'), 12)}  "
+                   f"{_cell(where, 200)}  {got}")
+    dropped = list(dropped or ())
+    if dropped:
+        n = len(dropped)
+        out.append(f"dropped {n} held request{'s' if n != 1 else ''}: "
+                   + ", ".join(_cell(i, 16) for i in dropped))
+    return out

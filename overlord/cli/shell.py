@@ -57,11 +57,13 @@ class Relay:
 
 
 def run_shell(args):
+    from overlord.cli.main import _grants
+    grants = _grants(args)           # --net, --net-allow, --hold-writes (bad ones: refused here)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if not interactive:
         return ops.run(_shell_argv(False), target=args.target, backend=args.backend,
                        wait=args.wait, stack=args.stack, cause={"kind": "command", "command": "shell"},
-                       track_stdout=True)
+                       track_stdout=True, grants=grants)
     master, slave = pty.openpty()
     _copy_winsize(sys.stdin.fileno(), slave)
     relay = Relay(master)
@@ -75,7 +77,7 @@ def run_shell(args):
     try:
         result = ops.run(_shell_argv(True), target=args.target, backend=args.backend, wait=args.wait,
                          stack=args.stack, pty_slave=slave, on_child=started,
-                         cause={"kind": "command", "command": "shell"})
+                         cause={"kind": "command", "command": "shell"}, grants=grants)
         relay.thread.join(timeout=2)
     finally:
         termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved_attrs)

@@ -38,7 +38,7 @@ _EXPORTS = {
     "gc": ("gc",),
     "bundle": ("bundle_key", "export_session", "import_bundle"),
     # issue 17 (ops/egress.py's owner keeps this line true)
-    "egress": ("egress_report", "release_held", "drop_held"),
+    "egress": ("egress_report", "release_held", "drop_held", "held_waiting"),
     "review": ("KINDS", "reconcile", "LogRecord", "blame", "change_words", "describe", "diff", "get_session", "git_summary", "log", "resolve_sid", "syscalls", "traced", "unified"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

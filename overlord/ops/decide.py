@@ -26,20 +26,28 @@ class CommitResult:
     merged: list
     findings: list = dataclasses.field(default_factory=list)   # the gate's, below `block`
     countersigned: dict = None    # the approval that countersigned it, if one was needed
+    released: list = dataclasses.field(default_factory=list)  # held requests sent (ops.release_held rows)
+    dropped_held: list = dataclasses.field(default_factory=list)   # held request ids dropped
+    egress_error: str = None      # the tree landed, but releasing/dropping failed: why
 
 
 def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=False,
-           countersigned=False):
+           countersigned=False, release_held=False):
     """Replay the session (or the savepoints chosen by cause) onto the real tree.
     allow_privileged: the person accepts setuid/setgid bits, file capabilities and ACLs for
     other principals that the session adds (refused otherwise; recorded when allowed).
     countersigned: refuse unless a fresh, complete second-model approval is on record.
     Policy, the content gate and the verdicts are checked by ops.clearance; every refusal
-    after the session is found is on the audit chain (session.commit_refused)."""
+    after the session is found is on the audit chain (session.commit_refused).
+    release_held (a --net proxy --hold-writes session's held requests, docs/EGRESS.md): False
+    drops them all; True sends them all, in id order; a list of ids sends those (in id order)
+    and drops the rest. An id that is not waiting is refused before anything lands; the
+    requests go out only once the tree has landed (a refused or failed commit sends none)."""
     session = get_session(sid)
     state = session.meta["state"]
     if state not in store.OPEN_STATES:
         raise OverlordError(f"cannot commit session {sid}: it is {state}")
+    chosen_held = _chosen_held(session, release_held)
     audit.ready()          # a chain that cannot be written refuses the act, never skips it
     try:
         result, cleared = _commit(session, force, merge, only, drop, allow_privileged,
@@ -54,7 +62,32 @@ def commit(sid, force=False, merge=False, only=(), drop=(), allow_privileged=Fal
                  layers=session.meta.get("committed_layers"), **cleared.record())
     result.findings, result.countersigned = cleared.findings, cleared.approval
     memory.journal_commit(get_session(sid))     # an agent session's line in the folder's journal
+    _settle_held(sid, chosen_held, result)
     return result
+
+
+def _chosen_held(session, release_held):
+    """The held ids a commit will send ([] for none), checked before anything lands."""
+    from overlord.ops import egress
+    if release_held is False or release_held is None:
+        return []
+    if release_held is True:
+        return egress.waiting_ids(session)
+    if isinstance(release_held, str) or not isinstance(release_held, (list, tuple)):
+        raise UsageError("release_held is true, false or a list of held request ids")
+    return egress.check_ids(session, list(release_held))
+
+
+def _settle_held(sid, chosen, result):
+    """After the tree landed: send the chosen held requests, drop the rest. The commit stands
+    whatever happens here; a failure is carried on the result, not raised."""
+    from overlord.ops import egress
+    try:
+        if chosen:
+            result.released = egress.release_held(sid, chosen)
+        result.dropped_held = egress.drop_held(sid)
+    except (OSError, OverlordError, ValueError) as exc:
+        result.egress_error = str(exc)
 
 
 def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
@@ -154,6 +187,13 @@ def rollback(sid):
         session.save()
         _drop_working_files(session)
         audit.append("session.rollback", sid=sid, target=session.target)
+    from overlord.ops import egress
+    try:
+        dropped = egress.drop_held(sid)       # a rolled-back session's held requests never go
+    except (OSError, OverlordError, ValueError):
+        dropped = None       # the rollback stands; its held records stay unsent ("held")
+    if dropped:
+        session.meta["dropped_held"] = dropped
     return session.meta
 
 

@@ -25,12 +25,13 @@ import stat
 
 from overlord.errors import OverlordError, UsageError
 from overlord.sandbox import limits as grant_limits
+from overlord.sandbox import netallow
 from overlord.text import escape_path
 from overlord.trust import audit, checks, protect
 from overlord.txn import store
 
 FILE, SEEN = store.POLICY_FILE, "policy.seen"
-NETS = ("none", "host")                   # tightest first
+NETS = ("none", "proxy", "host")          # tightest first: proxy is recorded egress
 SEVERITIES = checks.LEVELS                # the content gate's: one table of checks
 CHECK_DEFAULTS = checks.DEFAULTS
 BUILT_IN, DEFAULT = "built-in", "default"
@@ -53,6 +54,20 @@ def _net(value):
     if value not in NETS:
         raise Bad(f" must be one of {', '.join(map(json.dumps, NETS))}, not {_shown(value)}")
     return value
+
+
+def _allowlist(value):
+    """A cap on a proxy session's allowlist: netallow entries, at least one (an empty list
+    would read as "no allowlist", i.e. every public host)."""
+    if not isinstance(value, list):
+        raise Bad(f" must be a list of host names (pypi.org, *.pypi.org, 10.0.0.5), "
+                  f"not {_shown(value)}")
+    if not value:
+        raise Bad(" must name at least one host (leave the key out for no cap)")
+    try:
+        return netallow.parse(value)
+    except ValueError as exc:
+        raise Bad(f": {escape_path(str(exc))}") from None
 
 
 def _seconds(value):
@@ -143,6 +158,7 @@ class Key:
 KEYS = {
     "jail": Key(_bool, None),                   # true forces the jail
     "net": Key(_net, None),                     # the loosest network allowed
+    "net_allow": Key(_allowlist, None),         # caps a proxy session's allowlist (None: no cap)
     "timeout": Key(_seconds, None),             # a cap on a command's seconds
     "limits": Key(_limits, {}, merged=True),    # ceilings on the resource grants
     "allow_force": Key(_bool, True),            # commit --force allowed
@@ -532,6 +548,12 @@ def cap(target, grants, defaults=None):
         value = min((v for v in (defaults.get("net"), allowed) if v), key=NETS.index, default=None)
         if value:
             out["net"] = value
+    ceiling = pol["net_allow"]
+    if ceiling and out.get("net") == "proxy":
+        if out.get("net_allow"):
+            _refuse_wider(pol, out["net_allow"], "this request asked for")
+        else:
+            out["net_allow"] = list(ceiling)      # a proxy session under a cap gets the cap
 
     cap_s = pol["timeout"]
     if out.get("timeout") is None:
@@ -561,6 +583,7 @@ def hold(target, grants, timeout=None, sid=None):
     if timeout:
         _refuse_looser(pol, {"timeout": timeout}, "this request asked for")
     _refuse_looser(pol, {"jail": bool(grants.get("jail")), "net": grants.get("net", "host"),
+                         "net_allow": grants.get("net_allow") or [],
                          "timeout": timeout or grants.get("timeout"),
                          "limits": grant_limits.effective(grants.get("limits"))},
                    f"session {sid} was opened with", unbounded=True,
@@ -580,6 +603,8 @@ def _refuse_looser(pol, grants, asked, unbounded=False, then=""):
     allowed = pol["net"]
     if allowed and "net" in grants and NETS.index(grants["net"]) > NETS.index(allowed):
         refuse("net", f"allows at most net: {allowed}", f"net: {grants['net']}")
+    if pol["net_allow"] and grants.get("net") == "proxy" and (grants.get("net_allow") or unbounded):
+        _refuse_wider(pol, grants["net_allow"], asked, then)
     cap_s, asked_s = pol["timeout"], grants.get("timeout")
     if cap_s and asked_s is not None and asked_s > cap_s:
         refuse("timeout", f"caps timeout at {cap_s:g} s", f"timeout: {asked_s:g}")
@@ -592,3 +617,15 @@ def _refuse_looser(pol, grants, asked, unbounded=False, then=""):
             refuse(key, f"caps {key} at {ceiling}", f"{key}: 0 (unlimited)")
         if ceiling and value is not None and value > ceiling:
             refuse(key, f"caps {key} at {ceiling}", f"{key}: {value}")
+
+
+def _refuse_wider(pol, entries, asked, then=""):
+    """OverlordError when a proxy session's allowlist reaches past the policy's net_allow cap
+    (an empty list, every public host, reaches past any cap)."""
+    ceiling = pol["net_allow"]
+    wider = next((e for e in entries if not netallow.within(e, ceiling)), None)
+    if entries and wider is None:
+        return
+    value = f"net_allow: {escape_path(wider)}" if entries else "no net_allow (every public host)"
+    raise OverlordError(f"policy {pol.source('net_allow')} caps net_allow at "
+                        f"{', '.join(ceiling)}; {asked} {value}{then}")

@@ -57,7 +57,7 @@ BROKEN = [
     ('{"default": {}, "rules": {}}', "unknown key 'rules' (known: default, targets)"),
     ('{"default": {"jial": true}}', "default: unknown key 'jial' (known: jail, net,"),
     ('{"default": {"jail": "yes"}}', "default.jail must be true or false, not 'yes'"),
-    ('{"default": {"net": "lan"}}', 'default.net must be one of "none", "host"'),
+    ('{"default": {"net": "lan"}}', 'default.net must be one of "none", "proxy", "host"'),
     ('{"default": {"timeout": 0}}', "default.timeout must be a number of seconds > 0"),
     ('{"default": {"timeout": true}}', "default.timeout must be a number of seconds > 0"),
     ('{"default": {"limits": {"memory_mb": -1}}}', "default.limits.memory_mb must be a whole number >= 0"),
@@ -147,7 +147,7 @@ def test_a_target_named_through_a_symlink_still_covers(home, tmp_path):
 
 def test_no_policy_file_is_the_built_in_rule(home, tmp_path):
     r = P.rule(str(tmp_path))
-    assert r.as_dict() == {"jail": None, "net": None, "timeout": None, "limits": {},
+    assert r.as_dict() == {"jail": None, "net": None, "net_allow": None, "timeout": None, "limits": {},
                            "allow_force": True, "require_review": False, "protect": [],
                            "checks": {"secrets": "countersign", "binaries": "warn",
                                       "dependencies": "warn", "git_exec": "countersign", "size_mb": 50},
