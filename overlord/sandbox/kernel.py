@@ -155,8 +155,9 @@ def launch(spec):
     spec.host = executor.host_facts()       # what the command's namespaces must differ from
     errr, errw = os.pipe2(os.O_CLOEXEC)
     down_r, down_w = os.pipe2(os.O_CLOEXEC)
+    joiner = None
     if spec.netns is not None:
-        pid = _start_joined(spec, errr, errw, down_r, down_w)
+        pid, joiner = _start_joined(spec, errr, errw, down_r, down_w)
         map_ids = None                      # the holder's user namespace has its maps
     else:
         try:
@@ -177,7 +178,11 @@ def launch(spec):
                 _write_id_maps(pid)
             except OSError as exc:
                 raise LaunchError(f"cannot map ids into the user namespace: {exc.strerror}") from None
-    outcome = executor.hand_over(pid, spec, errr, down_w, terminate, prepare=map_ids)
+    try:
+        outcome = executor.hand_over(pid, spec, errr, down_w, terminate, prepare=map_ids)
+    finally:
+        if joiner is not None:
+            _reap(joiner)                   # J: long gone, reaped off the start's path
     if outcome.attestation is not None:
         outcome.attestation = {"backend": NAME, **outcome.attestation}
     return outcome
@@ -187,7 +192,9 @@ def _start_joined(spec, errr, errw, down_r, down_w):
     """Fork J, which joins the holder's user + network namespaces (setns needs a
     single-threaded process: a fresh fork is one) and clones the command's init into new
     mount + PID (+IPC/UTS) namespaces as a child of ours (CLONE_PARENT), tells us its pid and
-    exits. Returns init's pid; raises LaunchError (every fd closed) if there is none."""
+    exits. Returns (init's pid, J's pid): J is reaped later, so its exit (tearing down its
+    copy of our address space) runs beside the command's start, not before it. Raises
+    LaunchError (every fd closed) if there is no init."""
     pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
     try:
         j = libc.clone_namespaces(0)         # a plain fork, without Python's at-fork work
@@ -214,16 +221,28 @@ def _start_joined(spec, errr, errw, down_r, down_w):
     os.close(errw)
     os.close(down_r)
     os.close(pid_w)
-    said = executor.read_all(pid_r)           # EOF once J has gone (and init closed its copy)
+    said = b""
     try:
-        os.waitpid(j, 0)
-    except ChildProcessError:
-        pass
+        while len(said) < 4:                  # init's pid, or EOF: J failed (and exited)
+            chunk = os.read(pid_r, 4 - len(said))
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(pid_r)
     if len(said) != 4:
+        _reap(j)
         error = executor.read_all(errr).decode("utf-8", "replace")
         os.close(down_w)
         raise LaunchError(f"cannot join the session's network namespace: {error or 'its starter died'}")
-    return int.from_bytes(said, "little")
+    return int.from_bytes(said, "little"), j
+
+
+def _reap(pid):
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def terminate(pid):
