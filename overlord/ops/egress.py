@@ -107,20 +107,29 @@ def release_held(sid, ids=None):
     chosen = waiting_ids(session) if ids is None else check_ids(session, list(ids))
     if not chosen:
         return []
-    before = {r["id"]: r for r in _held(session)}
     audit.ready()            # each send is recorded: a chain that cannot be written sends none
     grants = _grants(session)
     results = _egress().release(session.dir, chosen, allow=list(grants.get("net_allow") or ()))
-    out = []
+    given = {}
     for got in results or ():
-        rec = dict(before.get(_field(got, "id"), {}))
-        for key in ("id", "state", "status", "error", "released_at"):
-            value = _field(got, key)
+        if isinstance(got, str):
+            given[got] = {}
+        elif _field(got, "id") is not None:
+            given[_field(got, "id")] = got
+    now = {r["id"]: r for r in _held(session)}        # what release recorded, read back
+    out = []
+    for hid in chosen:
+        rec = dict(now.get(hid) or {})
+        if rec.get("state") == WAITING and hid not in given:
+            continue                     # not attempted (release stopped before it)
+        for key in ("state", "status", "error"):
+            value = _field(given.get(hid), key)
             if value is not None:
                 rec[key] = value
-        row = {k: rec.get(k) for k in ("id", "method", "host", "path", "url", "state",
-                                       "status", "error")}
-        audit.append("egress.release", sid=session.sid, id=row["id"], method=row["method"],
+        row = {k: rec.get(k) for k in ("method", "host", "path", "url", "state", "status",
+                                       "error")}
+        row["id"] = hid
+        audit.append("egress.release", sid=session.sid, id=hid, method=row["method"],
                      host=row["host"], path=row["path"], status=row["status"],
                      error=row["error"])
         out.append(row)
