@@ -494,3 +494,238 @@ def test_garbage_and_origin_form_get_a_clean_4xx_and_a_line(proxy, up):
     lines = proxy.wait_lines(9)
     assert len(lines) == 9 and all(not x["allowed"] for x in lines)
     assert up.count == 0
+
+
+# -- a hostile upstream -----------------------------------------------------------------------
+
+def _hostile(tmp_path, answer, mode="http", **kw):
+    server = L.Raw(L.UP_ADDR, answer=answer, mode=mode)
+    return server, _proxy(tmp_path, **kw)
+
+
+@pytest.mark.xfail(strict=True, reason="hole: netproxy.relay_response wraps the upstream in one "
+                   "more _Prefixed per 1xx head; ~1000 '100 Continue' heads make finish()'s "
+                   "close recurse past the limit: no egress line, the client socket and the "
+                   "worker slot are never released (max_connections such answers: every later "
+                   "connection gets 503)")
+def test_a_flood_of_100_continue_heads_still_leaves_a_line_and_a_free_slot(tmp_path):
+    answer = b"HTTP/1.1 100 Continue\r\n\r\n" * 1500 + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    server, p = _hostile(tmp_path, answer, max_connections=2)
+    try:
+        for _ in range(2):
+            p.exchange(f"GET http://up.test:{server.port}/ HTTP/1.1\r\n\r\n".encode(), timeout=5)
+        lines = p.wait_lines(2, timeout=5)
+        assert len(lines) == 2, "a connection left no egress line"
+        reply = p.exchange(f"GET http://up.test:{server.port}/ HTTP/1.1\r\n\r\n".encode(), timeout=5)
+        assert L.status_of(reply) != 503, "the proxy's slots leaked"
+    finally:
+        p.stop()
+        server.close()
+
+
+def test_a_never_answering_upstream_gets_504_and_others_are_served(tmp_path, up):
+    server, p = _hostile(tmp_path, None, mode="hang", timeout=1.0)
+    try:
+        slow = p.connect()
+        slow.sendall(f"GET http://up.test:{server.port}/hang HTTP/1.1\r\n\r\n".encode())
+        reply = p.exchange(f"GET http://up.test:{up.port}/ok HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) == 200
+        assert L.status_of(L.read_response(slow, 10)) == 504
+        slow.close()
+        lines = p.wait_lines(2)
+        assert sorted(x["status"] for x in lines) == [200, 504]
+    finally:
+        p.stop()
+        server.close()
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nX: " + b"a" * (200 * 1024) + b"\r\n\r\n",
+    b"NOT HTTP AT ALL\r\n\r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\nanything",
+    b"HTTP/1.1 200 OK\r\nX-A: a\rb\r\n\r\n",
+    b"\x00\x01\x02",
+])
+def test_a_malformed_upstream_answer_is_a_502_line(tmp_path, answer):
+    server, p = _hostile(tmp_path, answer)
+    try:
+        reply = p.exchange(f"GET http://up.test:{server.port}/ HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) in (502, 504), reply[:200]    # 504: 3 bytes, then silence
+        line = one_line(p)
+        assert line["status"] == L.status_of(reply) and line["reason"]
+    finally:
+        p.stop()
+        server.close()
+
+
+# -- held writes ------------------------------------------------------------------------------
+
+def test_a_held_write_is_not_sent(holding, up):
+    data = (f"POST http://up.test:{up.port}/api?x=1 HTTP/1.1\r\nHost: 127.0.0.1:1\r\n"
+            "Proxy-Authorization: Basic c2VjcmV0\r\nConnection: keep-alive, X-Hop\r\n"
+            "X-Hop: 1\r\nAuthorization: Bearer tok\r\nContent-Length: 5\r\n\r\nhello").encode()
+    reply = holding.exchange(data)
+    assert L.status_of(reply) == 202 and b"X-Overlord-Held: h0001" in reply
+    line = one_line(holding)
+    assert line["held"] == "h0001" and line["status"] == 202
+    (rec,) = L.held_files(holding.record_dir)
+    names = [n.lower() for n, _v in rec["headers"]]
+    assert "proxy-authorization" not in names and "connection" not in names
+    assert rec["state"] == "held" and rec["url"] == f"http://up.test:{up.port}/api?x=1"
+    assert up.count == 0
+
+
+@pytest.mark.parametrize("method", ["MOVE", "COPY", "MKCOL", "PROPPATCH", "LOCK", "UNLOCK",
+                                    "PURGE", "LINK", "MERGE", "SEARCH", "DESTROY"])
+@pytest.mark.xfail(strict=True, reason="hole: --hold-writes holds only POST/PUT/PATCH/DELETE "
+                   "(netproxy.HOLD_METHODS); every other unsafe method (WebDAV MOVE/COPY/MKCOL/"
+                   "PROPPATCH/LOCK, PURGE, any extension method) is sent at once, unheld")
+def test_every_unsafe_method_is_held(holding, up, method):
+    data = f"{method} http://up.test:{up.port}/x HTTP/1.1\r\nContent-Length: 0\r\n\r\n".encode()
+    reply = holding.exchange(data)
+    one_line(holding)
+    assert up.count == 0, f"{method} reached the upstream ({L.status_of(reply)})"
+
+
+@pytest.mark.xfail(strict=True, reason="hole: with --hold-writes a GET (or HEAD/OPTIONS) with a "
+                   "body is forwarded; an upstream that ignores a GET's body (CL.0) reads it as "
+                   "a second request -- a POST that was never held and is on no egress line")
+def test_a_write_hidden_in_a_get_body_is_not_forwarded_under_hold(holding, up):
+    inner = b"POST /transfer HTTP/1.1\r\nHost: up.test\r\nContent-Length: 0\r\n\r\n"
+    data = (f"GET http://up.test:{up.port}/ HTTP/1.1\r\nContent-Length: {len(inner)}\r\n\r\n"
+            .encode() + inner)
+    holding.exchange(data)
+    one_line(holding)
+    assert b"POST /transfer" not in up.got()
+
+
+def test_a_pipelined_write_behind_a_read_is_neither_sent_nor_held(holding, up):
+    data = (f"GET http://up.test:{up.port}/a HTTP/1.1\r\n\r\n"
+            f"DELETE http://up.test:{up.port}/all HTTP/1.1\r\nContent-Length: 0\r\n\r\n").encode()
+    holding.exchange(data)
+    one_line(holding)
+    assert up.requests() == [("GET", "/a")]
+    assert L.held_files(holding.record_dir) == []
+
+
+def test_a_held_write_to_a_refused_host_is_refused_not_held(holding, victim):
+    data = f"POST http://127.0.0.1:{victim.port}/ HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi".encode()
+    assert L.status_of(holding.exchange(data)) == 403
+    assert L.held_files(holding.record_dir) == [] and victim.count == 0
+
+
+def test_an_oversized_held_body_is_refused_before_it_is_read(holding, up):
+    s = holding.connect()
+    try:
+        s.sendall(f"POST http://up.test:{up.port}/ HTTP/1.1\r\nContent-Length: {17 << 20}\r\n\r\n"
+                  .encode())
+        assert L.status_of(L.read_response(s, 10)) == 413
+    finally:
+        s.close()
+    reply = holding.exchange(
+        f"PUT http://up.test:{up.port}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        + (b"%x\r\n" % (1 << 20) + b"x" * (1 << 20) + b"\r\n") * 17 + b"0\r\n\r\n", timeout=30)
+    assert L.status_of(reply) == 413
+    assert L.held_files(holding.record_dir) == [] and up.count == 0
+
+
+@pytest.mark.xfail(strict=True, reason="hole: netproxy.hold has no cap on a session's held "
+                   "requests: a command fills OVERLORD_HOME's disk at 16 MiB (21 MiB of base64) "
+                   "per POST, outside its own disk grant")
+def test_held_requests_cannot_fill_the_host_disk(holding, up):
+    body = b"x" * ((16 << 20) - 1)
+    taken = 0
+    for i in range(20):                         # 320 MiB asked; the session must say no first
+        reply = holding.exchange(
+            f"POST http://up.test:{up.port}/{i} HTTP/1.1\r\nContent-Length: {len(body)}\r\n\r\n"
+            .encode() + body, timeout=60)
+        if L.status_of(reply) != 202:
+            break
+        taken += 1
+    held_dir = os.path.join(holding.record_dir, "held")
+    on_disk = sum(os.path.getsize(os.path.join(held_dir, n)) for n in os.listdir(held_dir))
+    assert taken < 20, f"{taken} held requests, {on_disk >> 20} MiB in the session directory"
+
+
+# -- resource abuse ---------------------------------------------------------------------------
+
+def test_a_thousand_idle_connections_do_not_stop_the_proxy_and_each_leaves_a_line(tmp_path, up):
+    p = _proxy(tmp_path, timeout=30)
+    socks = []
+    try:
+        for _ in range(1000):
+            socks.append(p.connect())
+        socks[0].sendall(b"GET http://up.test")          # half a request line, then idle
+        reply = p.exchange(f"GET http://up.test:{up.port}/ok HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) == 200
+        for s in socks:
+            s.close()
+        lines = p.wait_lines(1001, timeout=30)
+        assert len(lines) == 1001
+        assert sum(1 for x in lines if x["status"] == 200) == 1
+    finally:
+        for s in socks:
+            s.close()
+        p.stop()
+
+
+def test_slowloris_is_cut_at_the_deadline_while_others_are_served(tmp_path, up):
+    import time
+    p = _proxy(tmp_path, timeout=1.0)
+    try:
+        slow = p.connect()
+        head = f"GET http://up.test:{up.port}/ HTTP/1.1\r\n" + "X-A: b\r\n" * 200
+        t0 = time.monotonic()
+        got = b""
+        for ch in head.encode():
+            try:
+                slow.sendall(bytes([ch]))
+            except OSError:
+                break
+            if time.monotonic() - t0 > 4:
+                break
+            time.sleep(0.005)
+            if ch == ord("\n"):
+                reply = p.exchange(f"GET http://up.test:{up.port}/ok HTTP/1.1\r\n\r\n".encode())
+                assert L.status_of(reply) == 200
+        got = L.read_response(slow, 5)
+        assert L.status_of(got) == 408 and time.monotonic() - t0 < 4
+        slow.close()
+        assert any(x["status"] == 408 for x in p.wait_lines(2))
+    finally:
+        p.stop()
+
+
+def test_a_huge_head_is_431_and_a_line(proxy, up):
+    reply = proxy.exchange(f"GET http://up.test:{up.port}/ HTTP/1.1\r\n".encode()
+                           + b"X-A: " + b"a" * (100 * 1024) + b"\r\n\r\n")
+    assert L.status_of(reply) in (400, 431)
+    assert one_line(proxy)["status"] in (400, 431) and up.count == 0
+    reply = proxy.exchange(b"GET http://up.test/" + b"a" * (100 * 1024) + b" HTTP/1.1\r\n\r\n")
+    assert L.status_of(reply) in (400, 414, 431)
+
+
+def test_past_max_connections_a_503_and_a_line_then_service_resumes(tmp_path, up):
+    server = L.Raw(L.UP_ADDR, mode="hang")
+    p = _proxy(tmp_path, timeout=2.0, max_connections=3)
+    try:
+        hung = []
+        for _ in range(3):
+            s = p.connect()
+            s.sendall(f"GET http://up.test:{server.port}/ HTTP/1.1\r\n\r\n".encode())
+            hung.append(s)
+        import time
+        deadline = time.monotonic() + 5
+        while server.count < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reply = p.exchange(f"GET http://up.test:{up.port}/ HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) == 503
+        for s in hung:
+            assert L.status_of(L.read_response(s, 10)) == 504
+            s.close()
+        reply = p.exchange(f"GET http://up.test:{up.port}/ HTTP/1.1\r\n\r\n".encode())
+        assert L.status_of(reply) == 200
+        assert len(p.wait_lines(5)) == 5
+    finally:
+        p.stop()
+        server.close()
