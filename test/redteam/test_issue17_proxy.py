@@ -16,15 +16,12 @@ Holes are `xfail(strict=True)` with the reason naming what is open and where: th
 while the hole is open, and closing it turns the test red until the marker goes. The rest are
 attacks that held, kept so they stay held. Runs as root and as the ordinary user.
 """
-import ipaddress
 import json
 import os
 import socket
 import sys
 
 import pytest
-
-from conftest import REPO
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -920,3 +917,26 @@ OUT["r"] = s.recv(100).decode("latin-1")[:12]
         return
     assert not res.rt["r"].startswith("HTTP/1.1 200"), res.rt
     assert victim.count == 0
+
+
+def test_a_flood_from_inside_leaves_the_proxy_serving_and_every_connection_logged(jail, up):
+    """1,000 connections opened from inside and dropped, one half-sent head, then a real
+    request: it is served, and the log has one line per connection."""
+    code = r'''
+UPPORT = int(ARGS[0])
+socks = []
+for _ in range(1000):
+    socks.append(socket.create_connection(("127.0.0.1", 3128), timeout=10))
+socks[0].sendall(b"GET http://127.0.0.2")
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(b"GET http://127.0.0.2:%d/ok HTTP/1.1\r\n\r\n" % UPPORT)
+OUT["r"] = s.recv(100).decode("latin-1")[:12]
+s.close()
+for x in socks:
+    x.close()
+'''
+    res = _proxy_run(jail, code, up.port, flags=["--net-allow", "127.0.0.2"])
+    assert res.rt["r"] == "HTTP/1.1 200", res.rt
+    lines = L.read_log(jail.session_dir(res.sid))
+    assert len(lines) == 1001, len(lines)
+    assert [x["path"] for x in lines if x["status"] == 200] == ["/ok"]
