@@ -429,18 +429,7 @@ def _grants(args):
 def net_allow_flags(values):
     """The --net-allow values, each checked (netallow's message, naming the flag), or None
     when none was given."""
-    if not values:
-        return None
-    from overlord.sandbox import netallow
-    out = []
-    for value in values:
-        try:
-            entry = netallow.parse_entry(value)
-        except ValueError as exc:
-            raise UsageError(f"--net-allow: {exc}") from None
-        if entry not in out:
-            out.append(entry)
-    return out
+    return ops.parse_net_allow(values) if values else None
 
 
 def cmd_run(args, cmd):

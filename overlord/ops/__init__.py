@@ -22,7 +22,7 @@ _EXPORTS = {
     "peek": ("OPEN_STATES", "policy_stamp", "session_record"),
     "doctor": ("DoctorReport", "containment_layers", "doctor", "sessions"),
     "execute": ("Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run", "captured"),
-    "grants": ("crossed_grant", "load_manifest", "merge_grants", "require_target", "resolve_target", "validate_grants"),
+    "grants": ("crossed_grant", "load_manifest", "merge_grants", "parse_net_allow", "require_target", "resolve_target", "validate_grants"),
     "history": ("compare", "fork", "rewind", "savepoints"),
     "home": ("ensure_home", "ensure_user_dir", "home", "open_user_dir", "user_dir", "valid_user", "write_private_json"),
     "kept": ("committed_diff",),

@@ -9,7 +9,7 @@ from overlord.text import escape_path
 from overlord.txn import store
 
 GRANT_KEYS = {"jail": bool, "net": str, "timeout": (int, float), "merge_base": bool, "limits": dict,
-              "net_allow": list, "hold_writes": bool}
+              "net_allow": list, "hold_writes": bool, "net_cap": list}
 NET_VALUES = ("host", "none", "proxy")
 MAX_TIMEOUT = 10 ** 9     # seconds: past this a "timeout" is none (and NaN, inf, 10**400 break the clock)
 
@@ -51,12 +51,26 @@ def validate_grants(grants, where="grants"):
                              f"(at most {MAX_TIMEOUT})")
         if key == "limits":
             value = limits.validate(value, f"{where}: limits")
-        if key == "net_allow":
+        if key in ("net_allow", "net_cap"):
             try:
-                value = netallow.parse(value, f"{where}: net_allow")
+                value = netallow.parse(value, f"{where}: {key}")
             except ValueError as exc:
                 raise UsageError(f"{where}: {exc}" if not str(exc).startswith(where) else str(exc)) from None
         out[key] = value
+    return out
+
+
+def parse_net_allow(values, where="--net-allow"):
+    """Allowlist entries a face was given, each checked and normalised, de-duplicated in
+    order; UsageError naming `where` and what is wrong (netallow's words)."""
+    out = []
+    for value in values or ():
+        try:
+            entry = netallow.parse_entry(value)
+        except ValueError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        if entry not in out:
+            out.append(entry)
     return out
 
 

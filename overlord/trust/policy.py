@@ -554,6 +554,9 @@ def cap(target, grants, defaults=None):
             _refuse_wider(pol, out["net_allow"], "this request asked for")
         else:
             out["net_allow"] = list(ceiling)      # a proxy session under a cap gets the cap
+        # recorded with the grants: the proxy holds every connection to the cap too, so a
+        # wildcard cap never becomes a non-public address through an entry named below it
+        out["net_cap"] = list(ceiling)
 
     cap_s = pol["timeout"]
     if out.get("timeout") is None:
