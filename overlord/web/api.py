@@ -18,6 +18,7 @@ from overlord import text as T
 from overlord.errors import NotFound, OverlordError, UsageError
 from overlord.ops import mcp_config
 from overlord.ops import patch as diffs
+from overlord.web import egress
 from overlord.web import roles as R
 from overlord.web import settings as S
 
@@ -303,7 +304,10 @@ def _not_running(app, sid, what):
 
 
 def commit(app, req, sid):
-    """Commit (or the savepoints chosen: `only` / `drop` selectors). A session that adds a
+    """Commit (or the savepoints chosen: `only` / `drop` selectors). `release`: the held
+    requests of a recorded-network session to send once the tree lands (a list of ids, or
+    true for all); the rest are dropped, and `held` in the answer says what was sent (each
+    one's status) and what was dropped. A session that adds a
     setuid or setgid bit, a file capability or an ACL is refused unless the body says
     `allow_privileged_modes: true`; the refusal lists those paths (`privileged`)."""
     body = req.body or {}
@@ -311,10 +315,14 @@ def commit(app, req, sid):
     allow = _flag(body, PRIVILEGED_BODY)
     only, drop = _selectors(body, "only"), _selectors(body, "drop")
     countersigned = _flag(body, "countersigned")
+    release = egress.release_ids(body)
     _not_running(app, sid, "commit")
+    egress.check_release(sid, release)
+    held = egress.waiting(sid)
+    more = {} if release is None else {"release_held": release}
     try:
         result = ops.commit(sid, force=force, merge=merge, only=only, drop=drop,
-                            allow_privileged=allow, countersigned=countersigned)
+                            allow_privileged=allow, countersigned=countersigned, **more)
     except OverlordError as exc:
         if is_privileged_refusal(exc):
             exc.privileged_paths = _privileged(sid, getattr(exc, "privileged", None) or ())
@@ -327,7 +335,8 @@ def commit(app, req, sid):
             "dropped": left_out,
             "findings": [f.as_dict() for f in getattr(result, "findings", None) or ()],
             "countersigned": {"review": signed.get("n"), "reviewer": signed.get("reviewer")}
-            if signed else None}
+            if signed else None,
+            "held": egress.commit_outcome(sid, held)}
 
 
 def is_privileged_refusal(exc):

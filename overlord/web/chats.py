@@ -163,7 +163,7 @@ class Chats:
                     knobs=prof["knobs"], system=prof["system"] or None, jail=sandbox["jail"],
                     net=sandbox["net"], audit=audit, on_event=on_event, on_delta=on_delta,
                     cancel=stop, connectors=connectors, approver=self.approver,
-                    **({"owner": owner} if owner else {})))
+                    **net_grants(sandbox), **({"owner": owner} if owner else {})))
             opened.set()
         _thread(work)
         opened.wait(START_WAIT)
@@ -381,6 +381,15 @@ class Chats:
                     yield name, data
 
 
+def net_grants(sandbox):
+    """ops.agent's recorded-network grants from the settings' sandbox: the allowlist and the
+    hold, only for net "proxy" (the engine refuses them otherwise; nothing is passed then)."""
+    if sandbox.get("net") != "proxy":
+        return {}
+    return {"net_allow": list(sandbox.get("net_allow") or ()),
+            "hold_writes": bool(sandbox.get("hold_writes"))}
+
+
 def _thread(work):
     """Run work in a thread of its own, in this request's context (the account it acts for)."""
     ctx = contextvars.copy_context()
@@ -392,7 +401,9 @@ FLAG_WORDS = (("pass --no-jail to run it in the transaction without the jail",
                "turn off \"Jail the agent's tools\" in Settings to run it in the transaction "
                "without the jail"),
               ("pass --net host as well", "set the tools' network to host in Settings as well"),
-              ("--net none", "an offline network"))
+              ("--net none", "an offline network"),
+              ("--net proxy", "the recorded (proxy) network"),
+              ("--net-allow", "an allowlist"), ("--hold-writes", "holding requests"))
 
 
 def in_settings_words(exc):

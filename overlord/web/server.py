@@ -38,7 +38,7 @@ from overlord.ops import execute
 from overlord.ops import launcher
 from overlord.ops import auth
 from overlord.ops import audit
-from overlord.web import accounts, api, pages, running, security, transport
+from overlord.web import accounts, api, egress, pages, running, security, transport
 from overlord.web import roles as R
 from overlord.web import settings as S
 from overlord.web.chats import Chats
@@ -118,6 +118,8 @@ TABLE = (
     # running it for real (overlord/web/running.py): the meter, notifications, export
     (("GET", ("api", "usage")), running.usage, R.ANY),
     (("GET", ("api", "session", S_ID, "export")), running.export, R.SEE),
+    # the recorded network (overlord/web/egress.py): what a --net proxy session talked to
+    (("GET", ("api", "session", S_ID, "egress")), egress.report, R.SEE),
     (("GET", ("api", "webhooks")), running.webhooks, R.ADMIN),
     (("POST", ("api", "webhooks")), running.webhook_add, R.ADMIN),
     (("PUT", ("api", "webhooks", "base-url")), running.webhook_base_url, R.ADMIN),

@@ -39,7 +39,8 @@ SECRET_HINTS = ("auth", "key", "token", "secret", "cookie")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")
 CHOICES = {"effort": ("low", "medium", "high", "xhigh", "max"), "thinking": ("summarized", "off"),
            "api": ("responses", "chat")}
-NETS = ("none", "host")
+NETS = ("none", "proxy", "host")    # offline, recorded (the session's proxy), the machine's
+NET_ALLOW_CHARS = 64 * 1024   # the allowlist as typed (one host a line, or comma separated)
 
 
 class Invalid(UsageError):
@@ -67,8 +68,15 @@ def user_path(name):
 
 def defaults(folder):
     return {"provider": "anthropic", "profiles": {p: empty_profile() for p in PROVIDERS},
-            "folder": folder, "sandbox": {"jail": True, "net": "none"},
+            "folder": folder, "sandbox": empty_sandbox(),
             "countersign": empty_countersign()}
+
+
+def empty_sandbox():
+    """The tools' grants: jailed and offline. net_allow and hold_writes mean something only
+    to the recorded network (net "proxy"): an allowlist (empty: every public host, recorded)
+    and whether side-effecting requests wait for the person at Commit."""
+    return {"jail": True, "net": "none", "net_allow": [], "hold_writes": False}
 
 
 def empty_profile():
@@ -120,7 +128,7 @@ class Settings:
             if isinstance(stored.get("folder"), str) and stored["folder"]:
                 data["folder"] = stored["folder"]
             if isinstance(stored.get("sandbox"), dict):
-                data["sandbox"].update(stored["sandbox"])
+                data["sandbox"] = stored_sandbox(stored["sandbox"])
             if isinstance(stored.get("countersign"), dict):
                 data["countersign"].update({k: v for k, v in stored["countersign"].items()
                                             if k in empty_countersign()})
@@ -344,14 +352,67 @@ def check_folder(folder):
 
 
 def check_sandbox(sandbox):
-    if not isinstance(sandbox, dict) or set(sandbox) - {"jail", "net"}:
-        raise Invalid("sandbox", "the sandbox grants are jail (on/off) and net (none/host)")
+    """{jail, net, net_allow, hold_writes}, each checked; a refusal names its field. The
+    allowlist comes as a list or as typed (one host a line, or comma separated), each entry
+    normalised by overlord.sandbox.netallow (the engine's own rule); it and the hold need the
+    recorded network, as --net-allow and --hold-writes need --net proxy."""
+    if not isinstance(sandbox, dict) or set(sandbox) - set(empty_sandbox()):
+        raise Invalid("sandbox", "the sandbox grants are jail (on/off), net (none/proxy/host), "
+                                 "net_allow (hosts) and hold_writes (on/off)")
     jail, net = sandbox.get("jail", True), sandbox.get("net", "none")
     if not isinstance(jail, bool):
         raise Invalid("jail", "the jail is on or off")
     if net not in NETS:
         raise Invalid("net", f"network must be one of {', '.join(NETS)}")
-    return {"jail": jail, "net": net}
+    allow = net_allow_entries(sandbox.get("net_allow", []))
+    hold = sandbox.get("hold_writes", False)
+    if not isinstance(hold, bool):
+        raise Invalid("hold_writes", "holding side-effecting requests is on or off")
+    if net != "proxy":
+        if allow:
+            raise Invalid("net_allow", "an allowlist needs the recorded (proxy) network: choose "
+                                       "it above, or empty the list")
+        if hold:
+            raise Invalid("hold_writes", "holding requests needs the recorded (proxy) network: "
+                                         "choose it above, or untick the box")
+    return {"jail": jail, "net": net, "net_allow": allow, "hold_writes": hold}
+
+
+def net_allow_entries(value):
+    """The allowlist as a list of normalised entries, or Invalid("net_allow") naming the entry
+    that is wrong and why (netallow.parse's words)."""
+    from overlord.sandbox import netallow
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if len(value) > NET_ALLOW_CHARS:
+            raise Invalid("net_allow", f"the allowlist is at most {NET_ALLOW_CHARS} characters")
+        value = [e.strip() for line in value.splitlines() for e in line.split(",")]
+        value = [e for e in value if e]
+    if not isinstance(value, list):
+        raise Invalid("net_allow", "the allowlist is host names, one a line (or comma separated)")
+    try:
+        return netallow.parse(value, "the allowlist")
+    except ValueError as exc:
+        raise Invalid("net_allow", str(exc)) from None
+
+
+def stored_sandbox(stored):
+    """The stored grants as this version keeps them: a record from before the recorded network
+    (just jail and net) loads with an empty allowlist and no hold; a value this version does
+    not know (hand-edited) falls back to the default rather than reaching ops.agent."""
+    out = empty_sandbox()
+    try:
+        return check_sandbox({k: v for k, v in stored.items() if k in out})
+    except Invalid:
+        for key in ("jail", "net"):
+            if key in stored:
+                try:
+                    out.update({k: v for k, v in check_sandbox({key: stored[key]}).items()
+                                if k == key})
+                except Invalid:
+                    pass
+        return out
 
 
 def _write(data, where=None):

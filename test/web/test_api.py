@@ -316,7 +316,7 @@ def test_blame_of_a_committed_path(ui, ovl, target):
 def test_settings_round_trip_keep_profiles_and_refuse_bad_values(ui, home, target):
     s = ui.ok("GET", "/api/settings")
     assert s["provider"] == "anthropic" and s["folder"] == str(target)
-    assert s["sandbox"] == {"jail": True, "net": "none"}
+    assert s["sandbox"] == {"jail": True, "net": "none", "net_allow": [], "hold_writes": False}
     assert set(s["profiles"]) == {"anthropic", "openai", "azure", "openai-compatible", "gemini", "scripted"}
     ui.ok("PUT", "/api/settings", {"provider": "openai", "profile": {
         "model": "gpt-x", "base_url": "https://gw.example/v1", "headers": "X-Team: blue\nX-Api-Key: s3cr3t-value",
@@ -330,7 +330,7 @@ def test_settings_round_trip_keep_profiles_and_refuse_bad_values(ui, home, targe
                                                               "effort": "high", "stop": ["END"]}
     assert openai["headers"]["X-Team"] == "blue" and openai["headers"]["X-Api-Key"] != "s3cr3t-value"
     assert s["keys"]["gemini"] == "store" and "g-key-123" not in json.dumps(s)
-    assert s["sandbox"] == {"jail": False, "net": "host"}
+    assert s["sandbox"] == {"jail": False, "net": "host", "net_allow": [], "hold_writes": False}
     # the masked value written back keeps the stored one
     ui.ok("PUT", "/api/settings", {"provider": "openai", "profile": {"headers": openai["headers"]}})
     stored = json.loads((home / "ui-settings.json").read_text())

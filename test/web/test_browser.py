@@ -416,7 +416,7 @@ def test_settings_round_trip_with_the_live_model_list(ui, fake, pages, tmp_path)
         prof = saved["profiles"]["anthropic"]
         assert prof["model"] == "claude-test-4" and prof["knobs"] == {"temperature": 0.3}
         assert prof["headers"] == {"X-Team": "blue"} and saved["keys"]["anthropic"] == "store"
-        assert saved["folder"] == str(tmp_path) and saved["sandbox"] == {"jail": True, "net": "host"}
+        assert saved["folder"] == str(tmp_path) and saved["sandbox"] == {"jail": True, "net": "host", "net_allow": [], "hold_writes": False}
         assert saved["profiles"]["gemini"]["base_url"] == gemini.url
         page.reload()
         expect(page.locator("#welcome-model")).to_contain_text("claude-test-4")

@@ -90,6 +90,7 @@ EXPECTED = {
     ("DELETE", ("api", "me", "tokens", TOKEN_SEG)): (ACCOUNT404, "", None),
     ("GET", ("api", "usage")): (A, "", None),
     ("GET", ("api", "session", SID_SEG, "export")): (SEE, "", None),
+    ("GET", ("api", "session", SID_SEG, "egress")): (SEE, "", None),
     ("GET", ("api", "webhooks")): (ADMIN, "", None),
     ("POST", ("api", "webhooks")): (ADMIN, "", {}),
     ("PUT", ("api", "webhooks", "base-url")): (ADMIN, "", {}),

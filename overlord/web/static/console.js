@@ -7,7 +7,7 @@
          gateView, countersignPanel} = OV;
   const $ = (id) => document.getElementById(id);
   const register = $("register"), paper = $("paper"), blame = $("blame");
-  let current = null, dossier = null, openTimer = null;
+  let current = null, dossier = null, openTimer = null, egress = null, heldOutcome = null;
 
   /* -- the register ------------------------------------------------------------------------------- */
   function rows() { return [...register.querySelectorAll(".reg-row")]; }
@@ -62,7 +62,10 @@
       return;
     }
     if (sid !== current) return;
+    const eg = await EGRESS.load(sid, d.meta.grants);
+    if (sid !== current) return;
     dossier = d;
+    egress = eg;
     render(d);
   }
 
@@ -85,6 +88,7 @@
       ...[["Grant envelope", envelope(d)],
           ["Manifest", manifest(d)],
           d.external && d.external.length ? ["External actions", external(d.external)] : null,
+          egress ? ["Egress", egressSection(d)] : null,
           ["Savepoint chain", chain(d)],
           ["Per-file diff", diffSection(d)],
           ["Countersignature", countersignPanel(d, {where: "console", onChange: () => { if (current === m.sid) show(m.sid); }})],
@@ -108,6 +112,22 @@
             : c.outcome === "error" ? `failed: ${c.error}` : c.outcome === "cancelled" ? "cancelled while it ran" : "sent; no result recorded"))))));
   }
 
+  /* the recorded network: every connection; the held requests (ticked at Commit, below) */
+  function egressSection(d) {
+    const eg = egress;
+    const out = [h("p", {class: "hint"}, "The tools' only way out was OVERLORD's proxy: every connection is on this log. A tunnel (HTTPS) shows its host, port and bytes; a plain request its method and path.")];
+    out.push(EGRESS.table(eg));
+    const choosing = d.staged && !d.running && ACCOUNTS.mayChange(d.meta);
+    const list = eg.error ? null : EGRESS.held(eg, false);
+    if (list) out.push(h("h4", {class: "held-title"}, "Held requests"), choosing ? h("p", {class: "muted small"}, "Choose which to send under Disposition.") : null, list);
+    if (heldOutcome && heldOutcome.sid === d.meta.sid) out.push(h("h4", {class: "held-title"}, "At commit"), EGRESS.outcome(heldOutcome.held));
+    return out;
+  }
+
+  function waitingHeld(sid) {
+    return egress && egress.sid === sid && !egress.error && (egress.held || []).some((q) => q.state === "held");
+  }
+
   function diffSection(d) {
     const m = d.meta, files = d.diffs.filter((x) => !x.directory).map((x, i) => fileDiff(x, `diff-${i}`));
     if (d.staged) return files.length ? files : h("p", {class: "muted"}, "No changes.");
@@ -127,7 +147,9 @@
     const items = [
       ["Backend", m.backend],
       ["Jail", g.jail ? "pivot_root jail" : "none (the real filesystem, in the transaction)"],
-      ["Network", g.net === "none" ? "none (offline)" : g.net || "host"],
+      ["Network", g.net === "none" ? "none (offline)" : g.net === "proxy"
+        ? `recorded (proxy): ${g.net_allow && g.net_allow.length ? `allowlist ${g.net_allow.join(", ")}` : "every public host"}${g.hold_writes ? "; side-effecting requests held for review" : ""}`
+        : g.net || "host"],
       ["Timeout", g.timeout ? `${g.timeout} s per command` : "none"],
       ["Limits", limits || "none granted"],
       ["Enforced by", [e.rlimits ? "rlimits" : null, e.cgroup ? `cgroup ${e.cgroup}` : null, e.disk_watch ? "disk watch" : null].filter(Boolean).join(", ") || "?"],
@@ -257,6 +279,8 @@
     const allow = h("input", {type: "checkbox", id: "allow-privileged"});
     const allowLabel = h("label", {class: "small allow-privileged", for: "allow-privileged", hidden: true}, allow,
       " allow privileged modes: let this commit add setuid/setgid bits, file capabilities and ACLs (--allow-privileged-modes)");
+    const heldBox = waitingHeld(m.sid) ? h("div", {class: "held-box", id: "held"},
+      h("h4", {class: "held-title"}, "Held requests: send at commit?"), EGRESS.held(egress, true)) : null;
     const commitBtn = h("button", {class: "button primary", type: "button", onclick: async () => {
       commitBtn.disabled = true;
       message.hidden = true;
@@ -266,8 +290,10 @@
       if (force.checked) body.force = true;
       if (allow.checked) body.allow_privileged_modes = true;
       if (signed.checked) body.countersigned = true;
+      if (heldBox) body.release = EGRESS.chosen(heldBox);    /* the ticked ones sent; the rest dropped */
+      let res;
       try {
-        await api("POST", `/api/session/${m.sid}/commit`, body);
+        res = await api("POST", `/api/session/${m.sid}/commit`, body);
       } catch (e) {
         clear(message).append(h("strong", {}, "Commit refused; nothing was written. "));
         if (e.data.privileged) {
@@ -284,6 +310,7 @@
         commitBtn.disabled = false;
         return;
       }
+      heldOutcome = res && res.held ? {sid: m.sid, held: res.held} : null;
       await show(m.sid);
       reloadRegister();
     }}, "Commit");
@@ -294,6 +321,7 @@
       reloadRegister();
     });
     return [h("div", {class: "gate-block"}, h("h4", {class: "gate-title"}, "Content gate"), gateView(d.checks)),
+            heldBox,
             h("div", {class: "disposition"}, commitBtn, discardBtn, signedLabel, forceLabel, allowLabel,
               h("p", {class: "hint"}, "Commit checks the folder's policy, the content gate and the second model's verdicts, and that the folder did not change under the session; then it writes the kept savepoints, all or nothing. Discard rolls the session back: nothing is written.")),
             message];

@@ -28,7 +28,8 @@
   };
 
   const state = {settings: null, chats: [], sid: null, chat: null, source: null, running: false,
-                 session: null, inspectorTimer: null, listTimer: null, detail: null};
+                 session: null, inspectorTimer: null, listTimer: null, detail: null,
+                 egress: null, heldOutcome: null};
 
   /* a call's input as the approval card prints it: pretty JSON, as text */
   function inputText(value) {
@@ -492,10 +493,19 @@
     }
     $("chat-title").textContent = chat.title;
     const grants = chat.grants || {};
-    const sandbox = [grants.jail ? "jailed" : "not jailed", grants.net === "host" ? "host network" : "offline"].join(", ");
+    const sandbox = sandboxWords(grants);
     const granted = chat.connectors && chat.connectors.length ? chat.connectors : view.granted;
     const connectors = granted.length ? ` \u00b7 connectors: ${granted.join(", ")}` : "";
     $("chat-sub").textContent = `${chat.model || "?"} \u00b7 ${(state.settings && state.settings.labels[chat.provider]) || chat.provider || ""} \u00b7 ${sandbox}${connectors} \u00b7 ${chat.target}`;
+  }
+
+  /* the tools' grants in a few words: jailed, and offline / recorded (its list, its hold) / host */
+  function sandboxWords(g) {
+    const allow = g.net_allow || [];
+    const net = g.net === "host" ? "host network"
+      : g.net === "proxy" ? `recorded network (${allow.length ? `${allow.length} host${allow.length === 1 ? "" : "s"} allowed` : "every public host"}${g.hold_writes ? ", writes held" : ""})`
+      : "offline";
+    return [g.jail ? "jailed" : "not jailed", net].join(", ");
   }
 
   function modelLine(s) {
@@ -647,10 +657,11 @@
     const sid = state.sid;
     const seq = ++inspectorSeq;
     if (!sid) {
-      for (const id of ["file-list", "diffs", "steps", "gate", "countersign"]) clear($(id));
+      for (const id of ["file-list", "diffs", "steps", "gate", "countersign", "egress", "held"]) clear($(id));
       state.session = null;
       $("inspector-empty").hidden = false;
-      for (const id of ["steps-section", "gate-section", "countersign-section"]) $(id).hidden = true;
+      for (const id of ["steps-section", "gate-section", "countersign-section", "egress-section", "held-box", "held-outcome"]) $(id).hidden = true;
+      state.egress = null;
       $("decide").hidden = true;
       $("session-state").hidden = true;
       RUNNING.inspector(null);
@@ -712,6 +723,7 @@
     }
     d.diffs.forEach((x, i) => { if (!x.directory && !gitPaths.has(x.path)) diffs.append(fileDiff(x, `diff-${i}`)); });
     externalList(d.external);
+    egressPanel(d, seq);
     const points = d.savepoints.filter((p) => !(p.cause && p.cause.event === "open" && !p.paths));
     $("steps-section").hidden = !points.length;
     for (const p of points) {
@@ -744,6 +756,27 @@
         h("span", {class: "external-tool"}, `${c.server} · ${c.tool}`),
         h("span", {class: "muted small"}, `${decided}; ${outcome}`)));
     }
+  }
+
+  /* the recorded network: the egress table, and at Commit the held requests to tick */
+  async function egressPanel(d, seq) {
+    const sid = d.meta.sid, grants = d.meta.grants || {};
+    const r = await EGRESS.load(sid, grants);
+    if (sid !== state.sid || seq !== inspectorSeq) return;
+    state.egress = r;
+    $("egress-section").hidden = !r;
+    clear($("egress")).append(r ? EGRESS.table(r) : []);
+    const staged = d.staged && ACCOUNTS.mayChange(d.meta) && (!state.chat || writable(state.chat));
+    const waiting = r && !r.error && (r.held || []).some((q) => q.state === "held");
+    const list = r && !r.error && (r.held || []).length ? EGRESS.held(r, staged) : null;
+    /* staged: the held list sits at Commit with its checkboxes; decided: with the log, each one's state */
+    $("held-box").hidden = !(staged && waiting);
+    clear($("held")).append(staged && waiting ? list : []);
+    if (!(staged && waiting) && list) $("egress").append(h("h4", {class: "held-title"}, "Held requests"), list);
+    const out = $("held-outcome");
+    const shown = state.heldOutcome && state.heldOutcome.sid === sid ? EGRESS.outcome(state.heldOutcome.held) : null;
+    out.hidden = !shown;
+    clear(out).append(shown ? [h("strong", {}, "Held requests at commit"), shown] : []);
   }
 
   function setCount(n) {
@@ -790,8 +823,12 @@
     if (opts.force) body.force = true;
     if (opts.allowPrivileged) body.allow_privileged_modes = true;
     if ($("countersigned").checked) body.countersigned = true;
+    if (state.egress && state.egress.sid === sid && !state.egress.error && (state.egress.held || []).some((q) => q.state === "held")) {
+      body.release = EGRESS.chosen($("held"));      /* the ticked ones are sent; the rest dropped */
+    }
+    let res;
     try {
-      await api("POST", `/api/session/${sid}/commit`, body);
+      res = await api("POST", `/api/session/${sid}/commit`, body);
     } catch (e) {
       refusal.append(h("strong", {}, "Commit refused. Nothing was written."));
       const drifts = e.data.drifts || [];
@@ -826,6 +863,7 @@
       $("commit").disabled = false;
       return;
     }
+    state.heldOutcome = res && res.held ? {sid, held: res.held} : null;
     await refreshInspector();
     laterList();
   }
@@ -852,7 +890,7 @@
     try { state.settings = await api("GET", "/api/settings"); } catch (e) { return; }
     const s = state.settings;
     $("welcome-folder").textContent = s.folder;
-    const sandbox = [s.sandbox.jail ? "jailed" : "not jailed", s.sandbox.net === "host" ? "host network" : "offline"].join(", ");
+    const sandbox = sandboxWords(s.sandbox);
     const keyNote = s.keys[s.provider] || !s.needs_key.includes(s.provider) ? "" : ` \u00b7 ${NO_KEY}`;
     $("welcome-model").textContent = `${modelLine(s)} \u00b7 tools ${sandbox}${keyNote}`;
     if (!state.sid) header(null);
@@ -914,6 +952,9 @@
     $("s-folder").value = s.folder;
     $("s-jail").checked = !!s.sandbox.jail;
     $("s-net").value = s.sandbox.net;
+    $("s-net-allow").value = (s.sandbox.net_allow || []).join("\n");
+    $("s-hold-writes").checked = !!s.sandbox.hold_writes;
+    proxyFields();
     $("settings-saved").textContent = "";
     clearErrors();
     fillProfile();
@@ -1261,6 +1302,15 @@
     }
   }
 
+  /* the recorded network's own grants show (and are sent) only when it is chosen */
+  function proxyFields() { $("s-proxy").hidden = $("s-net").value !== "proxy"; }
+
+  function sandboxBody() {
+    const net = $("s-net").value, proxy = net === "proxy";
+    return {jail: $("s-jail").checked, net, net_allow: proxy ? $("s-net-allow").value : [],
+            hold_writes: proxy && $("s-hold-writes").checked};
+  }
+
   function clearErrors() {
     for (const el of dialog.querySelectorAll(".field-error")) el.textContent = "";
     for (const el of dialog.querySelectorAll(".invalid")) el.classList.remove("invalid");
@@ -1268,6 +1318,7 @@
 
   const FIELD_IDS = {provider: "s-provider", model: "s-model", base_url: "s-base-url", headers: "s-headers",
                      api_key: "s-key", system: "s-system", folder: "s-folder", jail: "s-jail", net: "s-net",
+                     net_allow: "s-net-allow", hold_writes: "s-hold-writes",
                      max_tokens: "s-max-tokens", temperature: "s-temperature", top_p: "s-top-p",
                      effort: "s-effort", thinking: "s-thinking", api: "s-api", stop: "s-stop",
                      stream: "s-stream", fallbacks: "s-fallbacks", azure_api_version: "s-azure-version",
@@ -1296,7 +1347,7 @@
       }
       edit.provider = current;
       const body = {provider: current, profile: edit.profiles[current], folder: $("s-folder").value,
-                    sandbox: {jail: $("s-jail").checked, net: $("s-net").value},
+                    sandbox: sandboxBody(),
                     countersign: collectCountersign()};
       const key = $("s-key").value.trim();
       if (key) body.api_key = key;
@@ -1366,6 +1417,7 @@
     loadModels();
   });
   $("s-base-url").addEventListener("change", loadModels);
+  $("s-net").addEventListener("change", proxyFields);
   $("cs-provider").addEventListener("change", () => { csProviderShown(""); loadCsModels(); });
   $("cs-base-url").addEventListener("change", loadCsModels);
   $("cs-refresh").addEventListener("click", loadCsModels);
