@@ -63,15 +63,12 @@ def validate_grants(grants, where="grants"):
 def parse_net_allow(values, where="--net-allow"):
     """Allowlist entries a face was given, each checked and normalised, de-duplicated in
     order; UsageError naming `where` and what is wrong (netallow's words)."""
-    out = []
-    for value in values or ():
-        try:
-            entry = netallow.parse_entry(value)
-        except ValueError as exc:
-            raise UsageError(f"{where}: {exc}") from None
-        if entry not in out:
-            out.append(entry)
-    return out
+    try:
+        return netallow.parse(list(values or ()) if isinstance(values, (list, tuple)) else values,
+                              where)
+    except ValueError as exc:
+        text = str(exc)
+        raise UsageError(text if text.startswith(where) else f"{where}: {text}") from None
 
 
 def merge_grants(manifest, flags, limit_flags=()):

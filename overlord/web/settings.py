@@ -381,7 +381,6 @@ def check_sandbox(sandbox):
 def net_allow_entries(value):
     """The allowlist as a list of normalised entries, or Invalid("net_allow") naming the entry
     that is wrong and why (netallow.parse's words)."""
-    from overlord.sandbox import netallow
     if value is None:
         return []
     if isinstance(value, str):
@@ -392,9 +391,9 @@ def net_allow_entries(value):
     if not isinstance(value, list):
         raise Invalid("net_allow", "the allowlist is host names, one a line (or comma separated)")
     try:
-        return netallow.parse(value, "the allowlist")
-    except ValueError as exc:
-        raise Invalid("net_allow", str(exc)) from None
+        return ops.parse_net_allow(value, "the allowlist")
+    except UsageError as exc:
+        raise Invalid("net_allow", str(exc).removeprefix("the allowlist: ")) from None
 
 
 def stored_sandbox(stored):
