@@ -15,7 +15,10 @@ Every claim rests on evidence, never on a guess (docs/DENIALS.md):
   cgroup   the session cgroup's own counters: pids.events `max` (a fork refused at pids.max),
            memory oom_kill (a process the kernel killed at memory.max)
   trace    a --trace strace record of this call: a whiteout mknod/renameat2 that failed, a
-           connect that failed while the session has no network
+           connect that failed while the session has no network (or only the proxy)
+  egress   the session's egress.jsonl (net=proxy), the lines written during this call: a
+           connection the recording proxy refused (allowed: false, answered 403) -- the
+           proxy's refusal by the session's allowlist or the address guard, not a syscall's
   stderr   what a failed command of the call said (exit status not 0), read together with the
            grants and the jail's plan(): an errno message naming a path or a syscall
 A stderr pattern alone is never enough: each one is checked against what the session really
@@ -24,6 +27,9 @@ a path inside a read-only mount of the plan? the grant non-zero?). The host itse
 looked at for a path a command printed (the answer would tell the model what the host holds).
 What cannot be known is not said: a path under the jail's private /tmp is never "outside the
 jail", a relative path is never "read-only", and a failure with no such evidence gets no line.
+Under net=proxy a failed direct connection (ENETUNREACH) or a name the sandbox could not resolve
+is the namespace's doing and says "use the proxy"; a 403 the proxy answered is said only from
+the egress log's own line for it (the words "403 Forbidden" alone could be any server's).
 A trace record is read field by field (its strings are the program's). Every pattern is linear
 on any line (no nested or unbounded repetition that can backtrack).
 """
@@ -36,6 +42,7 @@ import re
 from overlord.linux import seccomp
 from overlord.sandbox import jail as jail_mod
 from overlord.sandbox import limits as limits_mod
+from overlord.text import escape_text
 from overlord.txn import store
 
 CAUSES = ("seccomp", "readonly", "outside", "network", "limit", "disk")
@@ -50,8 +57,8 @@ READ_TRACE_CAP = 4 << 20          # at most the last 4 MiB of one call's trace r
 class Denial:
     cause: str          # seccomp | readonly | outside | network | limit | disk
     line: str           # "blocked by the sandbox: ..." -- the first line of the tool result
-    evidence: str = None     # record | cgroup | trace | stderr
-    detail: dict = None      # {"syscall"} | {"path"} | {"net"} | {"grant", "value"}
+    evidence: str = None     # record | cgroup | trace | stderr | egress
+    detail: dict = None      # {"syscall"} | {"path"} | {"net"[, "host"]} | {"grant", "value"}
 
     def record(self):
         out = {"cause": self.cause, "line": self.line}
@@ -74,6 +81,7 @@ class Facts:
         self.jailed = bool(grants.get("jail"))
         self.net = grants.get("net", "host")
         self.offline = self.net == "none" and attestation.get("net_namespace") is not False
+        self.proxied = self.net == "proxy" and attestation.get("net_namespace") is not False
         self.limits = limits_mod.effective(grants.get("limits"))
         self.seccomp = bool(attestation.get("seccomp_sha256"))
         self.allow_ptrace = meta.get("trace") == "strace"
@@ -304,7 +312,26 @@ NETWORK_MESSAGES = re.compile(
 LOOPBACK = re.compile(r"\b(?:localhost|127\.\d+\.\d+\.\d+|::1)\b")
 
 
+# net=proxy: the only words that say a program went around the proxy -- a direct connect the
+# empty namespace refused, or a name it tried to resolve itself (there is no resolver inside).
+# "Connection refused" / "Couldn't connect" are not among them: the proxy itself is on loopback.
+PROXY_BYPASS = re.compile(r"Network is unreachable|ENETUNREACH|\[Errno 101\]", re.I)
+PROXY_UNRESOLVED = re.compile(
+    r"Could not resolve host|Could not resolve hostname|Temporary failure in name resolution|"
+    r"Temporary failure resolving|Name or service not known|No address associated with hostname|"
+    r"unable to resolve host address|EAI_AGAIN|getaddrinfo ENOTFOUND", re.I)
+PROXY_URL = "http://127.0.0.1:3128"
+
+
 def _network(facts, line):
+    if facts.proxied:
+        if PROXY_BYPASS.search(line):
+            return _network_denial(facts, "stderr")
+        if PROXY_UNRESOLVED.search(line):
+            return Denial("network", "blocked: names do not resolve inside this session "
+                          f"(net=proxy); use the proxy (HTTP_PROXY={PROXY_URL}), which resolves "
+                          "them", "stderr", {"net": facts.net})
+        return None
     if not facts.offline or not NETWORK_MESSAGES.search(line):
         return None
     if re.search(r"Couldn't connect to server", line, re.I) and LOOPBACK.search(line):
@@ -313,8 +340,35 @@ def _network(facts, line):
 
 
 def _network_denial(facts, evidence):
+    if facts.proxied:
+        return Denial("network", "blocked: direct connections are blocked in this session "
+                      f"(net=proxy); use the proxy (HTTP_PROXY={PROXY_URL})", evidence,
+                      {"net": facts.net})
     return Denial("network", f"blocked: no network in this session (net={facts.net})", evidence,
                   {"net": facts.net})
+
+
+EGRESS_SHOWN = 200          # characters of a refused host or reason in the line
+
+
+def from_egress(facts, lines):
+    """The proxy's refusal among the egress lines written during the call (net=proxy), or
+    None: the first line with allowed false. Host and reason are the command's and the
+    resolver's words: escaped and clipped."""
+    if facts.net != "proxy":
+        return None
+    for rec in lines:
+        if rec.get("allowed") is not False:
+            continue
+        host = rec.get("host") if isinstance(rec.get("host"), str) else "?"
+        port = rec.get("port") if isinstance(rec.get("port"), int) else None
+        reason = rec.get("reason") if isinstance(rec.get("reason"), str) else None
+        where = escape_text(host[:EGRESS_SHOWN]) + (f":{port}" if port is not None else "")
+        why = f": {escape_text(reason[:EGRESS_SHOWN])}" if reason else ""
+        status = rec.get("status") if isinstance(rec.get("status"), int) else 403
+        return Denial("network", f"blocked by the proxy: {where} was refused ({status}){why}",
+                      "egress", {"net": facts.net, "host": host[:EGRESS_SHOWN]})
+    return None
 
 
 _EFBIG = re.compile(r"File too large|File size limit exceeded|\[Errno 27\]")
@@ -476,17 +530,18 @@ def from_trace(facts, records):
         if facts.seccomp and name == "renameat2" and len(fields) == 5 and \
                 "RENAME_WHITEOUT" in _flags(fields[4]):
             return _seccomp_denial(name, "trace", "renameat2(2) with RENAME_WHITEOUT")
-        if facts.offline and name == "connect" and len(fields) >= 2:
+        if (facts.offline or facts.proxied) and name == "connect" and len(fields) >= 2:
             family = _SA_FAMILY.match(fields[1])
             if family and not _LOOPBACK_ADDR.search(fields[1]):
                 return _network_denial(facts, "trace")
     return None
 
 
-def classify(meta, captures, trace=(), counters=None, before=None):
+def classify(meta, captures, trace=(), counters=None, before=None, egress=()):
     """The denial a call's captured commands show, or None. meta: the session's record after
     the call; before: its record before (for a grant crossed by this call); counters: the
-    session cgroup's counter increments during the call {"pids": n, "oom_kill": n}."""
+    session cgroup's counter increments during the call {"pids": n, "oom_kill": n}; egress:
+    the egress.jsonl lines written during the call (a proxy session's)."""
     facts = Facts(meta)
     if facts.crossed and not (before or {}).get("limit") and any(
             c.exit_code == limits_mod.DISK_EXIT for c in captures):
@@ -498,8 +553,11 @@ def classify(meta, captures, trace=(), counters=None, before=None):
         return limit_denial("memory_mb", facts.limits["memory_mb"], "cgroup",
                             ": the kernel killed a process that needed more")
     found = from_stderr(facts, captures, meta)
-    if found or not any(_failed(c) for c in captures):
+    if found:
         return found
+    refused = from_egress(facts, egress)     # a refused connection: whatever the exit status
+    if refused or not any(_failed(c) for c in captures):
+        return refused
     return from_trace(facts, trace)
 
 
@@ -514,6 +572,7 @@ class Explainer:
         self.meta = dict(session.meta)
         self.counters = self._counters()
         self.trace_at = self._trace_size()
+        self.egress_at = self._egress_size()
 
     def __call__(self, tool, args, captures):
         before = self.meta
@@ -521,8 +580,9 @@ class Explainer:
         counters = self._counters()
         grew = {k: max(0, v - self.counters.get(k, 0)) for k, v in counters.items()}
         trace = self._trace() if meta.get("trace") == "strace" else []
+        egress = self._egress() if (meta.get("grants") or {}).get("net") == "proxy" else []
         self.meta, self.counters = meta, counters
-        return classify(meta, captures, trace, grew, before)
+        return classify(meta, captures, trace, grew, before, egress)
 
     def refused(self, tool, args, captures, exc):
         """The session refused to run the call's command (exec_in raised): a crossed grant is
@@ -583,6 +643,30 @@ class Explainer:
         except OSError:
             return []
         return store.parse_jsonl(data)
+
+    def _egress_path(self):
+        return os.path.join(self.dir, "egress.jsonl")
+
+    def _egress_size(self):
+        try:
+            return os.path.getsize(self._egress_path())
+        except OSError:
+            return 0
+
+    def _egress(self):
+        """The egress lines appended since the last call, whole lines only (a line still
+        being written is read with the next call's)."""
+        try:
+            with open(self._egress_path(), "rb") as f:
+                end = os.fstat(f.fileno()).st_size
+                start = max(self.egress_at, end - READ_TRACE_CAP)
+                f.seek(start)
+                data = f.read(end - start)
+        except OSError:
+            return []
+        whole = data[:data.rfind(b"\n") + 1]
+        self.egress_at = start + len(whole)
+        return store.parse_jsonl(whole)
 
 
 def _counter(path, field):

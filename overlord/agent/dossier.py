@@ -3,7 +3,9 @@
 Sections, in order: the task (or, for a `run` session, its commands: the savepoints' causes),
 the grant envelope (grants, enforcement, attestation), a digest of the agent's transcript (each
 tool call with its input and a summary of its result), EXTERNAL ACTIONS (every connector call:
-what it was, who allowed it, what came back), the manifest (kind, path, before -> after hash,
+what it was, who allowed it, what came back), for a recorded-egress session (net=proxy) EGRESS
+(the proxy's log: connections, refusals, bytes, the busiest hosts) and HELD REQUESTS (the writes
+the proxy held: sent only if the person releases them at commit), the manifest (kind, path, before -> after hash,
 cause; its fingerprint is the verdict's), the content gate's findings, the unified diffs, and
 UNSEEN.
 
@@ -103,6 +105,12 @@ def build(session, plan, rows, fingerprint, *, render, findings=None, selection=
                     "(see COMMANDS)\n")
     out += _section("EXTERNAL ACTIONS (connector calls: outside the sandbox, not undone by a "
                     "rollback, not part of the manifest)", _external(session, events, fence))
+    if (meta.get("grants") or {}).get("net") == "proxy":
+        connections, held = _egress_records(session)
+        out += _section("EGRESS (the recording proxy's log of every connection)",
+                        _egress(meta, connections, fence))
+        out += _section(f"HELD REQUESTS ({len(held)}; not sent: a person releases or drops "
+                        "them at commit; not part of the manifest)", _held(held, fence))
     out += _section(f"MANIFEST ({len(plan)} change{'' if len(plan) == 1 else 's'}; fingerprint "
                     f"{fingerprint})", _manifest(meta, plan, rows, fence))
     out += _section("CONTENT GATE", _findings(findings, fence))
@@ -278,6 +286,109 @@ def _external_lines(call):
     else:
         outcome = OUTCOMES[call["outcome"]]
     return lines + [f"    {outcome}"]
+
+
+# -- recorded egress (net=proxy) --------------------------------------------------------------
+
+EGRESS_LINES = 200             # connection lines listed (the summary counts them all)
+TOP_HOSTS = 10
+HEADER_CAP = 300               # one header value, as shown
+
+
+def _egress_records(session):
+    """(egress.jsonl lines, held records masked for listing) from the session directory."""
+    from overlord.sandbox import egress as egress_log       # the engine's reader of its files
+    return egress_log.read_log(session.dir), [egress_log.masked(r) for r in egress_log.held(session.dir)]
+
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _shown(value, n=HEADER_CAP):
+    """A remote- or command-chosen value for one line of the dossier."""
+    return escape_path(_clip(value if isinstance(value, str) else json.dumps(value), n))
+
+
+def egress_summary(connections):
+    """{"connections", "refused", "bytes_up", "bytes_down", "held", "hosts": [(host, n,
+    bytes)]} of an egress log's lines, the busiest hosts first."""
+    hosts = {}
+    for c in connections:
+        host = c.get("host") if isinstance(c.get("host"), str) else "?"
+        n, size = hosts.get(host, (0, 0))
+        hosts[host] = (n + 1, size + _int(c.get("bytes_up")) + _int(c.get("bytes_down")))
+    return {"connections": len(connections),
+            "refused": sum(1 for c in connections if c.get("allowed") is False),
+            "bytes_up": sum(_int(c.get("bytes_up")) for c in connections),
+            "bytes_down": sum(_int(c.get("bytes_down")) for c in connections),
+            "held": sum(1 for c in connections if c.get("held")),
+            "hosts": sorted(((h, n, b) for h, (n, b) in hosts.items()), key=lambda t: (-t[1], -t[2], t[0]))}
+
+
+def _egress(meta, connections, fence):
+    grants = meta.get("grants") or {}
+    allow = grants.get("net_allow") or []
+    head = (f"allowlist: {', '.join(_shown(a) for a in allow) if allow else 'none (every public host allowed, recorded)'}; "
+            f"writes {'held' if grants.get('hold_writes') else 'not held'}. HTTPS is a CONNECT "
+            "tunnel: recorded by host, port and bytes, never decrypted, never held.\n")
+    if not connections:
+        return head + "no connection was made through the proxy\n"
+    sm = egress_summary(connections)
+    head += (f"{sm['connections']} connection{'' if sm['connections'] == 1 else 's'}, "
+             f"{sm['refused']} refused, {sm['held']} held; {sm['bytes_up']} bytes up, "
+             f"{sm['bytes_down']} bytes down\n")
+    top = [f"{_shown(h)}  {n} connection{'' if n == 1 else 's'}, {b} bytes"
+           for h, n, b in sm["hosts"][:TOP_HOSTS]]
+    rows = [_egress_line(c) for c in connections[:EGRESS_LINES]]
+    body = fence("top hosts", "\n".join(top)) + fence("connections", "\n".join(rows))
+    if len(connections) > EGRESS_LINES:
+        body += f"({len(connections) - EGRESS_LINES} more connections are not listed; `overlord egress` shows them all)\n"
+    return head + body
+
+
+def _egress_line(c):
+    method = c.get("method") if isinstance(c.get("method"), str) else "(garbage)"
+    port = _int(c.get("port"))
+    what = f"{_shown(method, 16)} {_shown(c.get('host') or '?', 255)}:{port}"
+    if isinstance(c.get("path"), str):
+        what += f" {_shown(c['path'], 300)}"
+    verdict = "allowed" if c.get("allowed") else "REFUSED"
+    parts = [verdict, f"status {c.get('status') if isinstance(c.get('status'), int) else '-'}",
+             f"up {_int(c.get('bytes_up'))} down {_int(c.get('bytes_down'))}"]
+    if c.get("held"):
+        parts.append(f"held as {_shown(c['held'], 16)}")
+    if isinstance(c.get("layer"), int):
+        parts.append(f"@{c['layer']}")
+    if c.get("cause"):
+        parts.append(f"by {_shown(c['cause'], 120)}")
+    if c.get("reason"):
+        parts.append(f"reason: {_shown(c['reason'], 200)}")
+    return f"{what}  {', '.join(parts)}"
+
+
+def _held(held, fence):
+    if not held:
+        return "none: the proxy held no request\n"
+    lines = []
+    for r in held:
+        size = r.get("bytes")
+        lines.append(f"{_shown(r.get('id') or '?', 16)} [{_shown(r.get('state') or '?', 16)}] "
+                     f"{_shown(r.get('method') or '?', 16)} {_shown(r.get('url') or '?', 2048)}  "
+                     f"body {_int(size)} bytes"
+                     + (f", @{r['layer']}" if isinstance(r.get("layer"), int) else "")
+                     + (f", by {_shown(r['cause'], 120)}" if r.get("cause") else ""))
+        for pair in r.get("headers") or ():
+            if isinstance(pair, (list, tuple)) and len(pair) == 2:
+                lines.append(f"    {_shown(pair[0], 100)}: {_shown(pair[1])}")
+        preview = r.get("preview")
+        if isinstance(preview, str) and preview:
+            lines.append(f"    body: {_shown(preview, 300)}")
+    waiting = sum(1 for r in held if r.get("state") == "held")
+    return (f"{waiting} of {len(held)} still held. Each was answered 202 and NOT sent; it "
+            "reaches the outside world only if the person releases it at commit (in this "
+            "order, after the tree lands); the rest are dropped. Credentials in headers are "
+            "masked (***); [state] is held, released, dropped or failed:\n" + fence("held requests", "\n".join(lines)))
 
 
 def _inputs(session, events):

@@ -51,13 +51,45 @@ class Situation:
     target: str
     jailed: bool
     backend: str                  # kernel | fuse
-    net: str                      # none | host
+    net: str                      # none | proxy | host
     call_timeout: float           # seconds a tool call may run
     limits: dict                  # the resource grants in force
     operator: str                 # whom the agent works for
     own_source: bool = False      # the working folder is OVERLORD's own source
     audit: bool = False
     connectors: tuple = ()        # the granted connectors' names
+    net_allow: tuple = ()         # net proxy: the allowlist (netallow entries); () = any public host
+    hold_writes: bool = False     # net proxy: plain-HTTP writes are held for the person
+
+
+PROXY_URL = "http://127.0.0.1:3128"     # sandbox.netns.PROXY_PORT, as the command's HTTP_PROXY says
+
+
+def network(s):
+    """The network line: the grant, plainly (the proxy's allowlist and hold too)."""
+    if s.net == "none":
+        return ("- Network: none. Your commands have no network at all, not even loopback to "
+                "this machine's services.")
+    if s.net != "proxy":
+        return "- Network: the host's network, unrecorded."
+    allowed = (", ".join(f"`{h}`" for h in s.net_allow) + " (`*.name`: the names below it; "
+               "any other host is refused with 403)" if s.net_allow else
+               "any public host, recorded")
+    line = (f"- Network: only through a recording proxy at {PROXY_URL} (HTTP_PROXY is set, "
+            "with HTTPS_PROXY and ALL_PROXY; NO_PROXY is empty). Every connection is logged for "
+            "the person's review: host, port, method, path for plain HTTP, status, bytes each "
+            "way. A direct connection to anything outside fails (ENETUNREACH): the proxy is the "
+            "only way out, and it resolves names (the sandbox has no resolver). HTTPS goes "
+            "through as a CONNECT tunnel, recorded by host, port and bytes; it is not decrypted. "
+            f"Allowed hosts: {allowed}. Loopback, link-local and private addresses are refused "
+            "unless their host is named exactly in the allowlist.")
+    if s.hold_writes:
+        line += (" Writes are held: POST/PUT/PATCH/DELETE over plain HTTP are held for the "
+                 "person's review and answered 202 (header X-Overlord-Held names the hold); they "
+                 "are sent only if the person releases them at commit, so do not read a 202 as "
+                 "done, and do not retry it. HTTPS tunnels cannot be held: a write through one "
+                 "is sent at once.")
+    return line
 
 
 def conditions(s):
@@ -86,9 +118,7 @@ def conditions(s):
                      "project and use relative paths.")
     lines.append(f"- Project: {s.target} -- the real path of the project you work on; every "
                  "change you make to it is held in a pending transaction, not written to it.")
-    lines.append("- Network: " + ("none. Your commands have no network at all, not even "
-                                  "loopback to this machine's services." if s.net == "none" else
-                                  "the host's network, unrecorded."))
+    lines.append(network(s))
     grants = ", ".join(f"{k}={v}" for k, v in sorted((s.limits or {}).items()))
     limit = f"{s.call_timeout:g} s" if s.call_timeout else "none"
     lines.append(f"- Time limit: each tool call is killed after {limit}. Resource grants: "

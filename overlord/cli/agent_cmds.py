@@ -48,7 +48,16 @@ def add_parsers(sub):
     a.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (default 50)")
     a.add_argument("--no-jail", action="store_true", help="run without the pivot_root jail (still "
                    "in the transaction); commands then see your real filesystem")
-    a.add_argument("--net", choices=("none", "host"), help="the network the tools get (default: none)")
+    a.add_argument("--net", choices=("none", "proxy", "host"), help="the network the tools get "
+                   "(default: none): proxy is only a recording HTTP proxy (every connection on "
+                   "the session's egress log, `overlord egress`), host the host's, unrecorded")
+    a.add_argument("--net-allow", action="append", metavar="HOST", help="with --net proxy: a "
+                   "host the proxy lets through (pypi.org, '*.github.com' for the names below "
+                   "it, a literal IP); any other is refused with 403; repeatable (default: any "
+                   "public host, recorded)")
+    a.add_argument("--hold-writes", action="store_true", help="with --net proxy: hold every "
+                   "plain-HTTP POST/PUT/PATCH/DELETE (answered 202, not sent) until you release "
+                   "it at commit (`commit --release-held`); HTTPS tunnels cannot be held")
     a.add_argument("--timeout", type=float, metavar="S", help="kill a tool call after S seconds "
                    "(default 600)")
     a.add_argument("--limit", action="append", default=[], metavar="KEY=N",
@@ -367,7 +376,8 @@ def cmd_agent(args):
             task, args.target, provider=args.provider, model=args.model, base_url=args.base_url,
             headers=_headers(args.header), knobs=knobs, script=args.script, system=args.system,
             max_turns=args.max_turns, context_window=args.context_window, jail=not args.no_jail,
-            net=args.net, timeout=args.timeout, limits=ops.merge_grants({}, {}, args.limit).get("limits"),
+            net=args.net, net_allow=args.net_allow, hold_writes=args.hold_writes or None,
+            timeout=args.timeout, limits=ops.merge_grants({}, {}, args.limit).get("limits"),
             backend=args.backend, trace=args.trace, audit=args.audit, stack=args.stack,
             on_event=live.event, on_delta=live.delta, connectors=args.connector,
             connector_shell=args.connector_shell, approver=approver)

@@ -375,7 +375,8 @@ class _Agent:
 
 @op("agent", task=(string, REQ), target=(string, OPT), system=(string, OPT),
     max_turns=(integer, OPT), context_window=(integer, OPT), jail=(boolean, OPT),
-    net=(string, OPT), timeout=(seconds, OPT), limits=(obj, OPT), backend=(string, OPT),
+    net=(string, OPT), net_allow=(strings, OPT), hold_writes=(boolean, OPT),
+    timeout=(seconds, OPT), limits=(obj, OPT), backend=(string, OPT),
     audit=(boolean, OPT), stack=(boolean, OPT), deltas=(boolean, OPT), connectors=(strings, OPT),
     connector_shell=(boolean, OPT), **ENDPOINT)
 def _agent(ctx, args):

@@ -35,15 +35,27 @@ OWN = {
     "open_session": {
         "description": "Open an OVERLORD session: a transaction over a project folder in which "
         "exec and the file tools run. Returns the session id every other tool takes. Commands "
-        "run jailed and offline unless you ask for less (jail: false, net: \"host\") and policy "
-        "allows it; a folder policy does not cover is refused. " + STAGED,
+        "run jailed and offline unless you ask for less (jail: false, net: \"proxy\" or "
+        "\"host\") and policy allows it; a folder policy does not cover is refused. " + STAGED,
         "inputSchema": _schema({
             "target": {"type": "string", "description": "The folder to work on, absolute or "
                        "relative to the server's project (default: the project itself)."},
             "jail": {"type": "boolean", "description": "false: run without the pivot_root jail "
                      "(only where policy allows)."},
-            "net": {"type": "string", "enum": ["none", "host"], "description": "\"host\": the "
-                    "host's network (only where policy allows); default none."},
+            "net": {"type": "string", "enum": ["none", "proxy", "host"], "description":
+                    "The commands' network (only what policy allows): \"none\" (the default) "
+                    "nothing; \"proxy\" only through a recording HTTP proxy (HTTP_PROXY is set; "
+                    "every connection is logged for the person's review; HTTPS is a CONNECT "
+                    "tunnel recorded by host, port and bytes); \"host\" the host's network, "
+                    "unrecorded."},
+            "net_allow": {"type": "array", "items": {"type": "string"}, "description":
+                          "With net \"proxy\": the hosts the proxy lets through (\"pypi.org\", "
+                          "\"*.github.com\" for the names below it, a literal IP); any other is "
+                          "refused with 403. Omitted: any public host, recorded. Private and "
+                          "loopback addresses only when named exactly."},
+            "hold_writes": {"type": "boolean", "description": "With net \"proxy\": true holds "
+                            "every plain-HTTP POST/PUT/PATCH/DELETE (answered 202, not sent) "
+                            "until a person releases it at commit; HTTPS tunnels cannot be held."},
             "stack": {"type": "boolean", "description": "true: open even though another session "
                       "is still pending on the folder (each is reviewed on its own)."}}),
         "annotations": {"readOnlyHint": False, "destructiveHint": False, "openWorldHint": False}},
@@ -134,7 +146,7 @@ class Table:
 
     def _open_session(self, b, name, args, call, cancel):
         target = os.path.join(self.target, args.get("target") or ".")
-        grants = {k: args[k] for k in ("jail", "net") if k in args}
+        grants = {k: args[k] for k in ("jail", "net", "net_allow", "hold_writes") if k in args}
         opened = b.open(target=target, grants=grants or None, stack=args.get("stack", False))
         where = ops.get_session(opened.sid).target
         return done(f"session {opened.sid} is open on {escape_path(where)}.\nPass session: "
@@ -233,6 +245,9 @@ def check(schema, args):
             return f"{key} must be an integer"
         if kind == "number" and not number:
             return f"{key} must be a number"
+        if kind == "array" and not (isinstance(value, list) and all(
+                isinstance(v, str) for v in value)):      # the one item type these schemas use
+            return f"{key} must be a list of strings"
         if "enum" in spec and value not in spec["enum"]:
             return f"{key} must be one of {', '.join(map(str, spec['enum']))}"
         if "minimum" in spec and value < spec["minimum"]:

@@ -36,7 +36,7 @@ from overlord.sandbox import limits as grant_limits
 from overlord.trust.protect import own_source
 from overlord.txn import store
 from overlord.ops.execute import command_cwd, exec_capture, run
-from overlord.ops.grants import resolve_target, validate_grants
+from overlord.ops.grants import check_net_grants, resolve_target, validate_grants
 from overlord.trust import audit, cost, policy
 from overlord.ops.decide import rollback
 from overlord.ops.review import get_session
@@ -150,10 +150,13 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
           knobs=None, script=None, system=None, max_turns=None, context_window=None, jail=None,
           net=None, timeout=None, limits=None, backend=None, trace=None, audit=False, stack=False,
           on_event=None, on_delta=None, cancel=None, broker=None, connectors=None,
-          connector_shell=False, approver=None, owner=None):
+          connector_shell=False, approver=None, owner=None, net_allow=None, hold_writes=None):
     """Open a session on target and run the agent on task in it. Returns AgentResult; the
     session is left pending for review whatever the done reason. jail, net, timeout, limits:
     None is unasked (the agent's defaults, held to the target's policy: UNASKED).
+    net_allow (host entries, netallow.parse) and hold_writes (bool) mean something only with
+    net "proxy" (the recording proxy) and are refused with any other network, before anything
+    opens (grants.check_net_grants); the agent never picks proxy by itself.
     connectors: the names of the connectors granted (ops.connectors); approver(request,
     cancel) -> Decision answers the approval gate (None: nobody to ask, so `ask` denies).
     owner: the account the session is for (its keys, its notes; recorded on the meta), None
@@ -170,9 +173,10 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
         raise UsageError("--context-window must be at least 1000 tokens")
     ep = endpoint(provider, model, base_url, headers, knobs, script, owner=owner)
     served = _served_model(ep)
-    asked = validate_grants({"jail": jail, "net": net, "timeout": timeout or None,
-                             "limits": limits}, "agent")
+    asked = validate_grants(net_grants({"jail": jail, "net": net, "timeout": timeout or None,
+                                        "limits": limits}, net_allow, hold_writes), "agent")
     grants = policy.cap_grants(resolve_target(target), asked, UNASKED)
+    check_net_grants(grants)             # --net-allow / --hold-writes without --net proxy
     held = hands_ops.grant(resolve_target(target), connectors, connector_shell, brokered=bool(broker))
     jail, net = grants["jail"], grants["net"]
     _check_backend(backends.choose(backend), jail, net)
@@ -193,7 +197,9 @@ def agent(task, target=None, *, provider=None, model=None, base_url=None, header
     session.save()
     situation = prompt.Situation(
         provider=ep.provider, model=served, base_url=ep.base_url, target=session.target,
-        jailed=bool(jail), backend=session.meta["backend"], net=net, call_timeout=grants["timeout"],
+        jailed=bool(jail), backend=session.meta["backend"], net=net,
+        net_allow=tuple(grants.get("net_allow") or ()), hold_writes=bool(grants.get("hold_writes")),
+        call_timeout=grants["timeout"],
         limits=grant_limits.effective(grants.get("limits")), operator=_operator(),
         own_source=own_source(session.target), audit=bool(audit),
         connectors=tuple(held["names"]) if held else ())
@@ -359,9 +365,20 @@ def _check_backend(mod, jail, net):
         which = f"which is unavailable here ({why})" if not ok else f"not the {mod.NAME} backend"
         raise OverlordError(f"the agent runs jailed, and the jail needs the kernel backend, {which}; "
                             "pass --no-jail to run it in the transaction without the jail")
-    if net == "none":
-        raise OverlordError(f"--net none needs the kernel backend; on the {mod.NAME} backend pass "
+    if net in ("none", "proxy"):
+        raise OverlordError(f"--net {net} needs the kernel backend; on the {mod.NAME} backend pass "
                             "--net host as well")
+
+
+def net_grants(grants, net_allow=None, hold_writes=None):
+    """grants with the recording proxy's two keys added as asked: None (or an empty list, or
+    hold_writes False) is unasked and adds nothing."""
+    out = dict(grants)
+    if net_allow is not None and (not isinstance(net_allow, (list, tuple)) or net_allow):
+        out["net_allow"] = list(net_allow) if isinstance(net_allow, tuple) else net_allow
+    if hold_writes is not None and hold_writes is not False:
+        out["hold_writes"] = hold_writes
+    return out
 
 
 def _operator():

@@ -7,7 +7,10 @@ request a harness makes goes through one facade, Broker, so no face can forget a
   rule alone admits nothing; no policy file, nothing): deny by default, naming the file and
   the key to add;
 - unasked grants are jailed and offline (the agent's own defaults); a request looser than the
-  rule is refused naming it; timeout is a cap and limits are ceilings (policy.cap);
+  rule is refused naming it; timeout is a cap and limits are ceilings (policy.cap); a harness
+  may ask for the recording proxy (net "proxy", with net_allow and hold_writes) where the rule
+  allows it -- never given unasked -- and net_allow / hold_writes without it are refused as
+  bad input (grants.check_net_grants), before anything opens;
 - every act on an existing session re-checks that a rule covers its folder and that today's
   policy still gives the grants it runs under (policy.hold); a session a person opened (it
   has no `broker` record) is a harness's to look at, never to change;
@@ -29,7 +32,8 @@ from overlord.ops.check import check as _check
 from overlord.ops.revert import revert as _revert
 from overlord.ops.review import blame as _blame, diff as _diff, get_session, log as _log
 from overlord.ops.doctor import sessions as _sessions
-from overlord.ops.grants import GRANT_KEYS, MAX_TIMEOUT, resolve_target, validate_grants
+from overlord.ops.grants import (GRANT_KEYS, MAX_TIMEOUT, check_net_grants, resolve_target,
+                                 validate_grants)
 from overlord.text import escape_path
 from overlord.trust import audit, policy
 from overlord.txn import locks, store
@@ -94,6 +98,7 @@ class Broker:
             held, rule = policy.cap(target, grants, defaults)
         except OverlordError as exc:
             raise Denied(str(exc)) from None
+        check_net_grants(held)        # the proxy's keys with another network: bad input (400)
         return target, held, rule
 
     def _session(self, sid, runs=False, timeout=None, changes=False):
@@ -290,8 +295,9 @@ class Broker:
         _agent = _agent_ops()
         _no_person_flags(kw)
         _no_key_elsewhere(kw)
-        target, _, _ = self._admit(target, {k: kw.get(k) for k in ("jail", "net", "timeout", "limits")},
-                                   _agent.UNASKED)
+        target, _, _ = self._admit(target, _agent.net_grants(
+            {k: kw.get(k) for k in ("jail", "net", "timeout", "limits")},
+            kw.get("net_allow"), kw.get("hold_writes")), _agent.UNASKED)
         return _agent.agent(task, target, broker=self.caller.record(), **kw)
 
     def resume(self, sid, note=None, **kw):

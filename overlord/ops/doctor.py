@@ -137,6 +137,22 @@ def coarse_sessions():
     return out
 
 
+TUNNELS = "CONNECT tunnels are recorded by host, port and bytes; they cannot be held"
+
+
+def proxy_status(kernel_ok):
+    """(available, in words) of recorded egress (--net proxy) on this host."""
+    if not kernel_ok:
+        return False, f"needs the kernel backend; the fuse backend refuses --net proxy ({TUNNELS})"
+    try:
+        from overlord.sandbox import netns, netproxy  # noqa: F401 - present is what is asked
+    except ImportError:
+        return False, f"this installation has no recording proxy (overlord.sandbox.netns, netproxy); {TUNNELS}"
+    return True, (f"an empty network namespace whose only way out is a recording HTTP proxy on "
+                  f"127.0.0.1:{netns.PROXY_PORT}: every connection on the session's egress log, "
+                  f"--net-allow refuses other hosts, --hold-writes holds plain-HTTP writes; {TUNNELS}")
+
+
 def containment_layers(kernel_ok, tools):
     """What each grant will mean on this host."""
     kind, why = limits.cgroup_kind()
@@ -152,6 +168,7 @@ def containment_layers(kernel_ok, tools):
                  else "needs the kernel backend; the fuse backend refuses --jail"),
         "net none": (kernel_ok, "a private, empty network namespace" if kernel_ok
                      else "needs the kernel backend; the fuse backend refuses --net none"),
+        "net proxy": proxy_status(kernel_ok),
         "hardening": seccomp_row,
         "rlimits": (True, "processes, file size, open files" +
                     ("" if kind else ", data segment (memory)") + " in every command"),

@@ -97,7 +97,7 @@ def test_tool_call_errors_protocol_and_tool_level(raw, home, target):
             ("exec", {"session": "x", "command": "true", "timeout": "9"}, "timeout must be a number"),
             ("exec", {"session": "x", "command": "true", "timeout": 0}, "timeout must be more than 0"),
             ("exec", {"session": "x", "command": "true", "shell": "zsh"}, "unknown argument 'shell'"),
-            ("open_session", {"net": "lan"}, "net must be one of none, host"),
+            ("open_session", {"net": "lan"}, "net must be one of none, proxy, host"),
             ("open_session", {"jail": "no"}, "jail must be true or false"),
             ("rewind", {"session": "x", "to": 1.5}, "to must be an integer"),
             ("read_file", {"session": "x"}, "missing required argument 'path'"),
