@@ -109,7 +109,8 @@ def release_held(sid, ids=None):
         return []
     audit.ready()            # each send is recorded: a chain that cannot be written sends none
     grants = _grants(session)
-    results = _egress().release(session.dir, chosen, allow=list(grants.get("net_allow") or ()))
+    results = _egress().release(session.dir, chosen, allow=list(grants.get("net_allow") or ()),
+                                cap=grants.get("net_cap"))
     given = {}
     for got in results or ():
         if isinstance(got, str):

@@ -52,7 +52,8 @@ def proxy_server(record_dir, grants):
     never runs)."""
     from overlord.sandbox import netproxy
     config = netproxy.Config(record_dir=record_dir, allow=list(grants.get("net_allow") or ()),
-                             hold_writes=bool(grants.get("hold_writes")))
+                             hold_writes=bool(grants.get("hold_writes")),
+                             cap=grants.get("net_cap"))
     return lambda listener, stop: netproxy.serve(listener, config, stop)
 
 

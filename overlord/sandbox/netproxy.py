@@ -43,7 +43,13 @@ LINGER = 2.0                     # seconds a finished connection is drained befo
 PATH_CAP = 2048
 HOST_CAP = 255
 TEXT_CAP = 2048
-HOLD_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+# Under --hold-writes every request that may change the outside world is held: any method but
+# the safe ones (RFC 9110 9.2.1), and a safe one that carries a body (an upstream that ignores
+# a GET's body would read it as a second request, never held and on no line).
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+MAX_HELD = 1000                       # held requests a session may keep waiting
+MAX_HELD_BYTES = 64 * 1024 * 1024     # and their bodies together: OVERLORD_HOME is not the command's
+MAX_INTERIM = 32                      # 1xx heads before the real answer
 LOG_NAME = "egress.jsonl"
 COMMAND_NAME = "egress-command.json"
 HELD_DIR = "held"
@@ -64,7 +70,7 @@ REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden",
            408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
            501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
-           504: "Gateway Timeout"}
+           504: "Gateway Timeout", 507: "Insufficient Storage"}
 
 
 @dataclasses.dataclass
@@ -75,6 +81,7 @@ class Config:
     timeout: float = 30.0      # connect / first byte / idle; env OVERLORD_PROXY_TIMEOUT overrides
     max_connections: int = 256  # beyond: 503 + a line, the rest keep being served
     getaddrinfo: object = None  # tests inject a resolver (else socket.getaddrinfo)
+    cap: list = None           # the policy's net_allow cap the session was opened under (net_cap)
 
 
 class HTTPError(Exception):
@@ -719,11 +726,19 @@ class _Proxy:
         serving one session never share one."""
         with self.hold_lock:
             os.makedirs(self.held_dir, mode=0o700, exist_ok=True)
-            n = 1
+            n, count, size = 1, 0, 0
             for name in os.listdir(self.held_dir):
                 m = HELD_RE.match(name)
                 if m:
                     n = max(n, int(m.group(1)) + 1)
+                    count += 1
+                    try:
+                        size += os.lstat(os.path.join(self.held_dir, name)).st_size
+                    except OSError:
+                        pass
+            if count >= MAX_HELD or size >= MAX_HELD_BYTES:
+                raise HTTPError(507, f"this session holds {count} requests ({size >> 20} MiB) "
+                                     "already: commit or roll it back before holding more")
             while True:
                 hid = f"h{n:04d}"
                 path = os.path.join(self.held_dir, hid + ".json")
@@ -907,7 +922,8 @@ class _Conn:
             line["path"] = req.path
             try:
                 addresses = netallow.resolve(req.host, req.port, self.proxy.allow,
-                                             self.proxy.config.getaddrinfo)
+                                             self.proxy.config.getaddrinfo,
+                                             cap=self.proxy.config.cap)
             except netallow.Refused as e:
                 raise HTTPError(403, str(e)) from None
             except (OSError, UnicodeError) as e:
@@ -918,7 +934,8 @@ class _Conn:
                 self.connect(addresses, req.port)
                 self.tunnel()
                 return
-            if self.proxy.config.hold_writes and req.method in HOLD_METHODS:
+            if self.proxy.config.hold_writes and (req.method not in SAFE_METHODS or req.chunked
+                                                  or (req.length or 0) > 0):
                 self.hold(req)
                 return
             body = None
@@ -1104,6 +1121,7 @@ class _Conn:
 
     def relay_response(self, req):
         client, upstream, line = self.client, self.upstream, self.line
+        interim = 0
         while True:
             head, body = self.read_response_head()
             lines = head.split(b"\r\n")
@@ -1114,7 +1132,12 @@ class _Conn:
             if 100 <= status < 200:
                 if status == 101:
                     raise HTTPError(502, "the upstream switched protocols (not asked for)")
-                if body:                      # the real head may already be here
+                interim += 1
+                if interim > MAX_INTERIM:
+                    raise HTTPError(502, f"the upstream sent more than {MAX_INTERIM} interim (1xx) answers")
+                if body and isinstance(upstream, _Prefixed):
+                    upstream.prefix[:0] = body    # one wrapper, however many 1xx heads
+                elif body:                    # the real head may already be here
                     self.upstream = upstream = _Prefixed(upstream, body)
                 continue
             break

@@ -500,11 +500,6 @@ def _hostile(tmp_path, answer, mode="http", **kw):
     return server, _proxy(tmp_path, **kw)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: netproxy.relay_response wraps the upstream in one "
-                   "more _Prefixed per 1xx head; ~1000 '100 Continue' heads make finish()'s "
-                   "close recurse past the limit: no egress line, the client socket and the "
-                   "worker slot are never released (max_connections such answers: every later "
-                   "connection gets 503)")
 def test_a_flood_of_100_continue_heads_still_leaves_a_line_and_a_free_slot(tmp_path):
     answer = b"HTTP/1.1 100 Continue\r\n\r\n" * 1500 + b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
     server, p = _hostile(tmp_path, answer, max_connections=2)
@@ -574,9 +569,6 @@ def test_a_held_write_is_not_sent(holding, up):
 
 @pytest.mark.parametrize("method", ["MOVE", "COPY", "MKCOL", "PROPPATCH", "LOCK", "UNLOCK",
                                     "PURGE", "LINK", "MERGE", "SEARCH", "DESTROY"])
-@pytest.mark.xfail(strict=True, reason="hole: --hold-writes holds only POST/PUT/PATCH/DELETE "
-                   "(netproxy.HOLD_METHODS); every other unsafe method (WebDAV MOVE/COPY/MKCOL/"
-                   "PROPPATCH/LOCK, PURGE, any extension method) is sent at once, unheld")
 def test_every_unsafe_method_is_held(holding, up, method):
     data = f"{method} http://up.test:{up.port}/x HTTP/1.1\r\nContent-Length: 0\r\n\r\n".encode()
     reply = holding.exchange(data)
@@ -584,9 +576,6 @@ def test_every_unsafe_method_is_held(holding, up, method):
     assert up.count == 0, f"{method} reached the upstream ({L.status_of(reply)})"
 
 
-@pytest.mark.xfail(strict=True, reason="hole: with --hold-writes a GET (or HEAD/OPTIONS) with a "
-                   "body is forwarded; an upstream that ignores a GET's body (CL.0) reads it as "
-                   "a second request -- a POST that was never held and is on no egress line")
 def test_a_write_hidden_in_a_get_body_is_not_forwarded_under_hold(holding, up):
     inner = b"POST /transfer HTTP/1.1\r\nHost: up.test\r\nContent-Length: 0\r\n\r\n"
     data = (f"GET http://up.test:{up.port}/ HTTP/1.1\r\nContent-Length: {len(inner)}\r\n\r\n"
@@ -626,9 +615,6 @@ def test_an_oversized_held_body_is_refused_before_it_is_read(holding, up):
     assert L.held_files(holding.record_dir) == [] and up.count == 0
 
 
-@pytest.mark.xfail(strict=True, reason="hole: netproxy.hold has no cap on a session's held "
-                   "requests: a command fills OVERLORD_HOME's disk at 16 MiB (21 MiB of base64) "
-                   "per POST, outside its own disk grant")
 def test_held_requests_cannot_fill_the_host_disk(holding, up):
     body = b"x" * ((16 << 20) - 1)
     taken = 0
@@ -897,10 +883,6 @@ OUT["r"] = s.recv(100).decode("latin-1")[:12]
         assert bad not in raw, (bad, raw)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: a policy's wildcard net_allow cap never reaches the "
-                   "proxy (netns builds netproxy.Config without it; netproxy calls "
-                   "netallow.resolve without cap=): an exact entry within '*.suffix' reaches the "
-                   "loopback address the cap alone refuses")
 def test_a_policy_wildcard_cap_never_opens_loopback_end_to_end(jail, victim):
     """policy default net_allow ["*.1"] (any public host below "1"; a wildcard cap grants no
     non-public address). The session asks --net-allow 0x7f.1 (within the cap; a numeric name
