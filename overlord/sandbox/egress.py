@@ -14,6 +14,7 @@ import socket
 import time
 
 from overlord.sandbox import netallow
+from overlord.text import escape_text
 from overlord.txn import store
 
 LOG_NAME = "egress.jsonl"
@@ -54,7 +55,8 @@ def held(record_dir):
     """Every held request's full record, in id (arrival) order."""
     folder = _held_dir(record_dir)
     try:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and n.startswith("h"))
+        names = sorted((n for n in os.listdir(folder) if n.endswith(".json") and n.startswith("h")
+                        and n[1:-5].isdigit()), key=lambda n: (int(n[1:-5]), n))
     except FileNotFoundError:
         return []
     out = []
@@ -80,7 +82,8 @@ def masked(record):
     out["headers"] = [[n, "***" if _secret(n) else v] for n, v in record.get("headers") or ()]
     body = _body(record)
     out["bytes"] = len(body)
-    out["body_preview"] = body[:PREVIEW].decode("utf-8", "replace")
+    out["body_preview"] = escape_text(body[:PREVIEW].decode("utf-8", "replace")) + (
+        "..." if len(body) > PREVIEW else "")
     return out
 
 
@@ -176,14 +179,22 @@ def _send(record, allow, timeout, getaddrinfo, cap):
 
 
 def _status(sock):
+    """The status of the answer (interim 1xx heads skipped)."""
     data = b""
-    while b"\r\n" not in data and len(data) < STATUS_MAX:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    line = data.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit() or len(parts[1]) != 3:
-        raise ValueError("the upstream did not answer HTTP")
-    return int(parts[1])
+    while True:
+        while b"\r\n\r\n" not in data and len(data) < STATUS_MAX:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        line = data.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit() \
+                or len(parts[1]) != 3:
+            raise ValueError("the upstream did not answer HTTP")
+        status = int(parts[1])
+        end = data.find(b"\r\n\r\n")
+        if 100 <= status < 200 and status != 101 and end >= 0:
+            data = data[end + 4:]
+            continue
+        return status

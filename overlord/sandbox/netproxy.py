@@ -927,6 +927,7 @@ class _Conn:
             except netallow.Refused as e:
                 raise HTTPError(403, str(e)) from None
             except (OSError, UnicodeError) as e:
+                line["allowed"] = True          # the list let it through; the name did not resolve
                 raise HTTPError(502, f"cannot resolve {line['host']}: "
                                      f"{getattr(e, 'strerror', None) or e}") from None
             line["allowed"] = True
