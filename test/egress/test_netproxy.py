@@ -386,3 +386,12 @@ def test_a_missing_record_dir_cannot_serve(tmp_path):
     with pytest.raises(OSError):
         netproxy.serve(lst, netproxy.Config(record_dir=str(tmp_path / "nope")))
     lst.close()
+
+
+def test_large_download_relayed_whole(tmp_path, up):
+    size = 20 * 1024 * 1024 + 7
+    with proxy(tmp_path) as px:
+        status, headers, body = px.get(f"http://up.test:{up.port}/bytes/{size}")
+        assert status == 200 and len(body) == size and body == b"x" * size
+        [line] = px.wait_lines(1)
+    assert line["bytes_down"] == size and line["reason"] is None
