@@ -154,9 +154,12 @@ def _may_move(session):
     contained could have handed an open fd on one to a process outside: a jail with the
     host's network (an abstract unix socket) on the kernel backend. fuse-overlayfs stands
     between a command and the layer (its handles die with the mount); a jail with --net none
-    has no channel out; an unjailed command was never contained."""
+    has no channel out, nor --net proxy (its one way out is TCP to the proxy's back, which
+    carries no fds; the session's namespace holds no one else's unix sockets); an unjailed
+    command was never contained."""
     grants = session.meta.get("grants") or {}
-    return session.dialect == "fuse" or not grants.get("jail") or grants.get("net") == "none"
+    return (session.dialect == "fuse" or not grants.get("jail")
+            or grants.get("net") in ("none", "proxy"))
 
 
 def _keep_record(session, chosen, keeper, bfd, steps, after, records):
