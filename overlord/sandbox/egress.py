@@ -34,17 +34,7 @@ def read_log(record_dir):
             data = f.read()
     except FileNotFoundError:
         return []
-    out = []
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            out.append(line)
-    return out
+    return store.parse_jsonl(data)
 
 
 def _held_dir(record_dir):
