@@ -43,8 +43,8 @@ def cmd_egress(args):
         for line in R.held_lines(report["held"]):
             print(line)
         if s["held"]:
-            print(f"(commit {report['sid']} --release-held sends them in order, --release ID "
-                  "chooses; commit or rollback otherwise drops them)")
+            print(f"(overlord commit {report['sid']} --release-held sends them in order, "
+                  "--release ID chooses; commit or rollback otherwise drops them)")
     return 0
 
 
