@@ -262,3 +262,121 @@ def test_the_egress_summary_names_the_allowlist(ui, home, target, pages, upstrea
     summary = page.locator(".doc-section .egress-summary")
     expect(summary).to_contain_text("allowlist: 127.0.0.1")
     clean(seen)
+
+
+def held_record(rid, port, path, body, ts, cause="the demo"):
+    """A held request in the brief's format (what netproxy writes under --hold-writes)."""
+    return {"id": rid, "ts": ts, "method": "POST", "url": f"http://127.0.0.1:{port}{path}",
+            "host": "127.0.0.1", "port": port, "path": path,
+            "headers": [["Host", f"127.0.0.1:{port}"], ["Content-Type", "text/plain"],
+                        ["Content-Length", str(len(body))], ["Cookie", "session=never-shown"]],
+            "body_b64": base64.b64encode(body).decode(), "bytes": len(body), "layer": 0,
+            "cause": cause, "state": "held", "status": None, "error": None, "released_at": None}
+
+
+def proxy_chat(ui, home, upstream):
+    """A demo conversation on the recorded network (Settings: proxy, 127.0.0.1, hold) run to
+    its end, then its session's log and two held requests (h0001 POST /alpha, h0002 POST
+    /beta to the upstream) and a hostile garbage line written in the records' formats.
+    (sid, session dir)."""
+    require_kernel()
+    ui.ok("PUT", "/api/settings", {"provider": "scripted", "sandbox": {
+        "jail": True, "net": "proxy", "net_allow": ["127.0.0.1"], "hold_writes": True}})
+    sid = ui.ok("POST", "/api/chats", {"message": "show me"})["sid"]
+    ui.wait_idle(sid)
+    sdir = home / "sessions" / sid
+    meta = json.loads((sdir / "meta.json").read_text())
+    assert meta["state"] == "pending"
+    assert meta["grants"]["net"] == "proxy" and meta["grants"]["net_allow"] == ["127.0.0.1"], meta["grants"]
+    now = meta["created"] + 1
+    lines = [
+        {"ts": now, "host": "127.0.0.1", "port": upstream.port, "method": "POST", "path": "/alpha",
+         "allowed": True, "status": 202, "bytes_up": 5, "bytes_down": 0, "duration_ms": 1.0,
+         "layer": 0, "cause": "the demo", "reason": None, "held": "h0001"},
+        {"ts": now + 1, "host": "127.0.0.1", "port": upstream.port, "method": "POST", "path": "/beta",
+         "allowed": True, "status": 202, "bytes_up": 4, "bytes_down": 0, "duration_ms": 1.0,
+         "layer": 0, "cause": "the demo", "reason": None, "held": "h0002"},
+        {"ts": now + 2, "host": HOSTILE_HOST, "port": 80, "method": None, "path": HOSTILE_PATH,
+         "allowed": False, "status": 400, "bytes_up": 0, "bytes_down": 0, "duration_ms": 0.1,
+         "layer": 0, "cause": HOSTILE_CAUSE, "reason": "garbage \x1b]0;title\x07", "held": None},
+    ]
+    with open(sdir / "egress.jsonl", "a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
+    (sdir / "held").mkdir(exist_ok=True)
+    for rec in (held_record("h0001", upstream.port, "/alpha", b"alpha", now),
+                held_record("h0002", upstream.port, "/beta", b"beta", now + 1)):
+        (sdir / "held" / f"{rec['id']}.json").write_text(json.dumps(rec))
+    return sid, sdir
+
+
+def test_the_workspace_inspector_releases_the_ticked_held_request(ui, home, pages, upstream):
+    """The inspector of a recorded conversation: the held box at Commit has two unticked
+    boxes (credentials not on the page); h0001 ticked, Commit: the upstream gets exactly it,
+    h0002 is dropped, and the inspector's held list says so. (What the commit's answer says,
+    the outcome box, and the Network table: the strict xfail below.)"""
+    sid, sdir = proxy_chat(ui, home, upstream)
+    page = pages()
+    seen = watch(page)
+    page.goto(f"{ui.link}#{sid}")
+    expect(page.locator("#egress-section")).to_be_visible()
+    expect(page.locator("#held-box")).to_be_visible()
+    checks = page.locator("#held input.held-check")
+    expect(checks).to_have_count(2)
+    expect(checks.nth(0)).not_to_be_checked()
+    expect(checks.nth(1)).not_to_be_checked()
+    expect(page.locator('#held .held-row[data-id="h0002"] .held-url')).to_have_text(
+        f"http://127.0.0.1:{upstream.port}/beta")
+    assert "never-shown" not in page.content()
+    assert page.evaluate("document.querySelectorAll('img').length") == 0
+    page.check("#held-h0001")
+    page.click("#commit")
+    expect(page.locator("#held-box")).to_be_hidden()
+    expect(page.locator('#egress .held-row[data-id="h0001"] .held-state')).to_have_text("released: 201")
+    expect(page.locator('#egress .held-row[data-id="h0002"] .held-state')).to_have_text("dropped")
+    expect(page.locator("#held-outcome")).to_be_visible()
+    assert upstream.got == [("POST", "/alpha", b"alpha")], upstream.got
+    r1 = json.loads((sdir / "held" / "h0001.json").read_text())
+    r2 = json.loads((sdir / "held" / "h0002.json").read_text())
+    assert r1["state"] == "released" and r1["status"] == 201, r1
+    assert r2["state"] == "dropped", r2
+    assert json.loads((sdir / "meta.json").read_text())["state"] == "committed"
+    clean(seen)
+
+
+@pytest.mark.xfail(strict=True, reason="overlord/web/static/workspace.js:768 "
+                   "clear($('egress')).append(r ? EGRESS.table(r) : []) and :779 "
+                   "clear(out).append(shown ? [h('strong', ...), shown] : []) hand an array to the "
+                   "DOM's own Element.append, which stringifies it: the inspector's Network section "
+                   "shows '[object HTMLParagraphElement],[object HTMLDivElement]' and no egress table, "
+                   "and after Commit the held-outcome box shows '[object HTMLElement],[object "
+                   "HTMLDivElement]' instead of what was sent/dropped (OV.append(el, [...]) would do)")
+def test_the_workspace_inspector_shows_the_egress_table_and_the_outcome(ui, home, pages, upstream):
+    sid, _ = proxy_chat(ui, home, upstream)
+    page = pages()
+    seen = watch(page)
+    page.goto(f"{ui.link}#{sid}")
+    expect(page.locator("#held-box")).to_be_visible()          # the panel has been filled
+    wrong = []
+    table = page.locator("#egress").text_content()
+    rows = page.locator("#egress table.egress tbody tr")
+    if "[object " in table or rows.count() != 3:
+        wrong.append(f"Network table: {rows.count()} rows, text {table[:120]!r}")
+    else:
+        bad = rows.nth(2)
+        text = bad.text_content()
+        if bad.locator(".egress-host").text_content() != HOSTILE_HOST or \
+                bad.locator(".egress-method").text_content() != "(garbage)" or \
+                "<script>alert(2)</script>" not in text or "\x1b" in text or "\u202e" in text:
+            wrong.append(f"hostile row: {ascii(text)}")
+    assert page.evaluate("document.querySelectorAll('img, #egress b, #egress script').length") == 0
+    page.check("#held-h0001")
+    page.click("#commit")
+    expect(page.locator("#held-box")).to_be_hidden()
+    out = page.locator("#held-outcome")
+    expect(out).to_be_visible()
+    words = out.text_content()
+    if "[object " in words or "h0001" not in words or "status 201" not in words or \
+            "Dropped: h0002." not in words:
+        wrong.append(f"outcome: {words[:120]!r}")
+    clean(seen)
+    assert wrong == [], wrong
