@@ -617,7 +617,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.start(status, [])
             return self.finish_body(data, "application/json; charset=utf-8")
         extra = []
-        if isinstance(data, dict) and "allow" in data:
+        if status == 405 and isinstance(data, dict) and "allow" in data:   # the methods it takes
             extra.append(("Allow", ", ".join(data.pop("allow"))))
         body = api.encode(data)
         self.start(status, extra)

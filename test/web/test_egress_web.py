@@ -245,11 +245,6 @@ def test_console_egress_and_held_release_one_drop_the_other(ui, home, target, pa
     clean(seen)
 
 
-@pytest.mark.xfail(strict=True, reason="overlord/web/server.py:620-621 send_json pops any top-level "
-                   "'allow' key of a JSON answer into an HTTP Allow header (meant for 405s), so "
-                   "GET /api/session/<sid>/egress (overlord/web/egress.py:44/53 names its allowlist "
-                   "'allow') arrives without it and the Egress summary says 'no allowlist: every "
-                   "public host, recorded' on a session whose allowlist is 127.0.0.1")
 def test_the_egress_summary_names_the_allowlist(ui, home, target, pages, upstream):
     sid, _ = proxy_session(home, target, upstream)
     r = ui.get(f"/api/session/{sid}/egress")
@@ -313,7 +308,7 @@ def test_the_workspace_inspector_releases_the_ticked_held_request(ui, home, page
     """The inspector of a recorded conversation: the held box at Commit has two unticked
     boxes (credentials not on the page); h0001 ticked, Commit: the upstream gets exactly it,
     h0002 is dropped, and the inspector's held list says so. (What the commit's answer says,
-    the outcome box, and the Network table: the strict xfail below.)"""
+    the outcome box, and the Network table.)"""
     sid, sdir = proxy_chat(ui, home, upstream)
     page = pages()
     seen = watch(page)
@@ -343,13 +338,6 @@ def test_the_workspace_inspector_releases_the_ticked_held_request(ui, home, page
     clean(seen)
 
 
-@pytest.mark.xfail(strict=True, reason="overlord/web/static/workspace.js:768 "
-                   "clear($('egress')).append(r ? EGRESS.table(r) : []) and :779 "
-                   "clear(out).append(shown ? [h('strong', ...), shown] : []) hand an array to the "
-                   "DOM's own Element.append, which stringifies it: the inspector's Network section "
-                   "shows '[object HTMLParagraphElement],[object HTMLDivElement]' and no egress table, "
-                   "and after Commit the held-outcome box shows '[object HTMLElement],[object "
-                   "HTMLDivElement]' instead of what was sent/dropped (OV.append(el, [...]) would do)")
 def test_the_workspace_inspector_shows_the_egress_table_and_the_outcome(ui, home, pages, upstream):
     sid, _ = proxy_chat(ui, home, upstream)
     page = pages()

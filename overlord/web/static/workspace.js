@@ -765,7 +765,7 @@
     if (sid !== state.sid || seq !== inspectorSeq) return;
     state.egress = r;
     $("egress-section").hidden = !r;
-    clear($("egress")).append(r ? EGRESS.table(r) : []);
+    OV.append(clear($("egress")), r ? EGRESS.table(r) : []);
     const staged = d.staged && ACCOUNTS.mayChange(d.meta) && (!state.chat || writable(state.chat));
     const waiting = r && !r.error && (r.held || []).some((q) => q.state === "held");
     const list = r && !r.error && (r.held || []).length ? EGRESS.held(r, staged) : null;
@@ -776,7 +776,7 @@
     const out = $("held-outcome");
     const shown = state.heldOutcome && state.heldOutcome.sid === sid ? EGRESS.outcome(state.heldOutcome.held) : null;
     out.hidden = !shown;
-    clear(out).append(shown ? [h("strong", {}, "Held requests at commit"), shown] : []);
+    OV.append(clear(out), shown ? [h("strong", {}, "Held requests at commit"), shown] : []);
   }
 
   function setCount(n) {
