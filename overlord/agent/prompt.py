@@ -84,7 +84,8 @@ def network(s):
             f"Allowed hosts: {allowed}. Loopback, link-local and private addresses are refused "
             "unless their host is named exactly in the allowlist.")
     if s.hold_writes:
-        line += (" Writes are held: POST/PUT/PATCH/DELETE over plain HTTP are held for the "
+        line += (" Writes are held: over plain HTTP, every request but a bodiless GET, HEAD, "
+                 "OPTIONS or TRACE (so POST, PUT, PATCH, DELETE and the rest) is held for the "
                  "person's review and answered 202 (header X-Overlord-Held names the hold); they "
                  "are sent only if the person releases them at commit, so do not read a 202 as "
                  "done, and do not retry it. HTTPS tunnels cannot be held: a write through one "

@@ -56,7 +56,8 @@ def add_parsers(sub):
                    "it, a literal IP); any other is refused with 403; repeatable (default: any "
                    "public host, recorded)")
     a.add_argument("--hold-writes", action="store_true", help="with --net proxy: hold every "
-                   "plain-HTTP POST/PUT/PATCH/DELETE (answered 202, not sent) until you release "
+                   "plain-HTTP write (POST, PUT, PATCH, DELETE: every request but a bodiless "
+                   "GET/HEAD/OPTIONS/TRACE; answered 202, not sent) until you release "
                    "it at commit (`commit --release-held`); HTTPS tunnels cannot be held")
     a.add_argument("--timeout", type=float, metavar="S", help="kill a tool call after S seconds "
                    "(default 600)")

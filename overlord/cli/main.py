@@ -205,7 +205,8 @@ def _net_flags(p):
                    help="with --net proxy: a host the session may reach (pypi.org, '*.pypi.org' "
                    "for names below it, a literal IP); others are refused; repeatable")
     p.add_argument("--hold-writes", action="store_true", default=None,
-                   help="with --net proxy: hold plain-HTTP POST/PUT/PATCH/DELETE until commit "
+                   help="with --net proxy: hold plain-HTTP writes (POST, PUT, PATCH, DELETE: "
+                   "every request but a bodiless GET/HEAD/OPTIONS/TRACE) until commit "
                    "(commit --release-held sends them)")
 
 

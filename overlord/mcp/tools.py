@@ -54,7 +54,8 @@ OWN = {
                           "refused with 403. Omitted: any public host, recorded. Private and "
                           "loopback addresses only when named exactly."},
             "hold_writes": {"type": "boolean", "description": "With net \"proxy\": true holds "
-                            "every plain-HTTP POST/PUT/PATCH/DELETE (answered 202, not sent) "
+                            "every plain-HTTP write (every request but a bodiless GET/HEAD/"
+                            "OPTIONS/TRACE; answered 202, not sent) "
                             "until a person releases it at commit; HTTPS tunnels cannot be held."},
             "stack": {"type": "boolean", "description": "true: open even though another session "
                       "is still pending on the folder (each is reviewed on its own)."}}),

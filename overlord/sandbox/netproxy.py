@@ -15,8 +15,8 @@ a proxied session's traffic passes, and it holds to a few rules:
   - request heads are read by the accept loop itself (non-blocking, one selector), so a client
     that opens a thousand idle connections costs file descriptors, not threads; a connection
     gets a thread only once its request head is complete, at most `max_connections` at a time;
-  - with `hold_writes`, a plain-HTTP POST/PUT/PATCH/DELETE to an allowed host is not sent but
-    kept as held/<id>.json (overlord.sandbox.egress releases or drops it at commit).
+  - with `hold_writes`, a plain-HTTP write to an allowed host (any method but the safe ones,
+    and a safe one with a body) is not sent but kept as held/<id>.json (overlord.sandbox.egress releases or drops it at commit).
 
 Every response the proxy makes itself is a small text/plain body of one line.
 """
