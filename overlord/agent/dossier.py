@@ -381,7 +381,7 @@ def _held(held, fence):
         for pair in r.get("headers") or ():
             if isinstance(pair, (list, tuple)) and len(pair) == 2:
                 lines.append(f"    {_shown(pair[0], 100)}: {_shown(pair[1])}")
-        preview = r.get("preview")
+        preview = r.get("body_preview")
         if isinstance(preview, str) and preview:
             lines.append(f"    body: {_shown(preview, 300)}")
     waiting = sum(1 for r in held if r.get("state") == "held")
