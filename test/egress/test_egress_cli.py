@@ -7,13 +7,12 @@ import base64
 import http.server
 import json
 import os
-import shutil
 import threading
 import time
 
 import pytest
 
-from conftest import Ovl, require_backend, tree
+from conftest import Ovl, require_backend, require_tool, tree
 
 
 @pytest.fixture
@@ -380,8 +379,7 @@ def test_release_refuses_a_host_outside_the_allowlist(ovl, home, target, upstrea
 
 def test_end_to_end_curl_through_the_proxy(home, target, upstream):
     require_backend("kernel")
-    if not shutil.which("curl"):
-        pytest.skip("curl is not installed")
+    require_tool("curl")
     ovl = Ovl(home, "kernel")
     url = f"http://127.0.0.1:{upstream.port}"
     sid, proc = ovl.run(target, "sh", "-c",

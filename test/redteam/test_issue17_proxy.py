@@ -26,25 +26,12 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from overlord.sandbox import netallow as na     # noqa: E402
+import issue17lib as L                         # noqa: E402
 
 PUBLIC = "93.184.216.34"          # a public address; nothing here ever connects to it
 
 
-def fake_resolver(table, asked=None):
-    """A getaddrinfo stand-in: name -> [addresses] (family from the address); records what it
-    was asked in `asked`; an unknown name is a gaierror, like the real one."""
-    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
-        if asked is not None:
-            asked.append(host)
-        if host not in table:
-            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        out = []
-        for addr in table[host]:
-            fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
-            sa = (addr, port, 0, 0) if fam == socket.AF_INET6 else (addr, port)
-            out.append((fam, socket.SOCK_STREAM, 6, "", sa))
-        return out
-    return getaddrinfo
+fake_resolver = L.resolver
 
 
 # == 1. netallow ================================================================================
@@ -212,7 +199,6 @@ def test_idna_host_under_the_wildcard_stays_under_it():
 # up.test -> 127.0.0.2 (named exactly, so its loopback address is allowed); the VICTIM listens
 # on 127.0.0.1 and is named by nothing: a connection reaching it is an escape.
 
-import issue17lib as L       # noqa: E402
 
 
 @pytest.fixture
