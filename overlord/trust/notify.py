@@ -475,12 +475,10 @@ def ensure_sender():
     if sender_running():
         return False
     import subprocess
-    import sys
+    from overlord import relaunch
     from overlord.txn import store
-    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OVERLORD_HOME=store.home())
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    subprocess.Popen([sys.executable, "-m", "overlord.trust.notify", "--send"],
+    subprocess.Popen(relaunch.module_argv("overlord.trust.notify", "--send"),
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, cwd="/", env=env, start_new_session=True,
                      close_fds=True)

@@ -324,10 +324,9 @@ def auto_send():
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
-    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from overlord import relaunch
     env = dict(os.environ, OVERLORD_HOME=store.home())
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    subprocess.Popen([sys.executable, "-m", "overlord.trust.witness", "--auto-send"],
+    subprocess.Popen(relaunch.module_argv("overlord.trust.witness", "--auto-send"),
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, cwd="/", env=env, start_new_session=True)
 

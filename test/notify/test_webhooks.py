@@ -417,7 +417,7 @@ def _senders(home):
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if b"overlord.trust.notify" in cmd and f"OVERLORD_HOME={home}".encode() in env:
+        if any(b"overlord.trust.notify" in part for part in cmd) and f"OVERLORD_HOME={home}".encode() in env:
             out.append(int(pid))
     return out
 
