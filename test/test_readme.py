@@ -13,7 +13,8 @@ from conftest import REPO, require_backend
 from overlord.cli import main as cli
 
 README = os.path.join(REPO, "README.md")
-APT = re.compile(r"^sudo apt-get install [^&\n]*&& ")
+APT = re.compile(r"^sudo=\$\(command -v sudo \|\| true\); \$sudo apt-get update -qq && "
+                 r"\$sudo apt-get install [^&\n]*&& ")
 NOT_RUN = {"python3 -m pytest": "the test suite itself"}
 
 
