@@ -27,6 +27,8 @@ A second run with nothing changed changes nothing.
 EOF
 }
 
+# a command on PATH that is an executable file (bash's `command -v` also names a non-executable one)
+have() { local p; p=$(command -v "$1") && [ -f "$p" ] && [ -x "$p" ]; }
 die() { echo "install.sh: $*" >&2; exit 1; }
 bad_usage() { echo "install.sh: $* (see --help)" >&2; exit 2; }
 
@@ -58,7 +60,7 @@ esac
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 if [ "$uninstall" = 0 ] && [ "$deps" = 1 ]; then
-    if command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then
+    if have apt-get && have dpkg-query; then
         missing=
         for pkg in python3 fuse-overlayfs fuse3 strace git gcc libc6-dev; do
             dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' \
@@ -81,18 +83,20 @@ if [ "$uninstall" = 0 ] && [ "$deps" = 1 ]; then
         missing=
         for pair in python3:python3 fuse-overlayfs:fuse-overlayfs fusermount3:fuse3 \
                     strace:strace git:git "${CC:-cc}:gcc"; do
-            command -v "${pair%%:*}" >/dev/null || missing="$missing ${pair##*:}"
+            cmd=${pair%%:*}
+            have "${cmd%% *}" || missing="$missing ${pair##*:}"
         done
         [ -z "$missing" ] || die "missing:$missing (install them with your package manager, then run again)"
         echo "deps: python3 fuse-overlayfs fuse3 strace git and a C compiler are installed"
     fi
-    command -v bpftrace >/dev/null || echo "deps: bpftrace is not installed (optional: only --trace ebpf needs it)"
+    have bpftrace || echo "deps: bpftrace is not installed (optional: only --trace ebpf needs it)"
 elif [ "$uninstall" = 0 ]; then
     echo "deps: skipped (--no-deps)"
 fi
 
 if [ "$uninstall" = 0 ]; then
-    command -v "${CC:-cc}" >/dev/null || die "no C compiler (${CC:-cc}): apt-get install gcc libc6-dev, or set CC"
+    cc=${CC:-cc}
+    have "${cc%% *}" || die "no C compiler (${CC:-cc}): apt-get install gcc libc6-dev, or set CC"
 fi
 
 if [ -z "$python" ]; then
