@@ -2,7 +2,7 @@
  *
  * It must not be a way to run code of anyone's choosing under the profile. So before it runs
  * anything it checks that nothing it will load can be changed by anyone but root, it drops the
- * environment variables that make the loader or iconv load code, and it runs a fixed
+ * environment variables that make the loader, iconv or OpenSSL load code, and it runs a fixed
  * interpreter, fixed at build time, in isolated mode on a fixed entry point:
  *
  *     OVERLORD_PYTHON -I -S OVERLORD_LIBDIR/main.py argv[1..]
@@ -170,20 +170,15 @@ static int check_path(const char *path, int last_is_file)
         at += (size_t)snprintf(sofar + at, sizeof sofar - at, "/%s", name);
 
         if (last && last_is_file) {
+            /* Looked at, never opened (opening a device or fifo can have effects). Its
+             * directory is root's and no one else's to change, so what fstatat sees here is
+             * what execve will run. */
             struct stat st;
-            int ffd = openat(fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-            if (ffd < 0) {
-                int err = errno;
-                if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
-                    refuse(sofar, kind(st.st_mode));
-                refuse_errno(sofar, err);
-            }
-            if (fstat(ffd, &st) != 0)
+            if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
                 refuse_errno(sofar, errno);
             if (!S_ISREG(st.st_mode))
                 refuse(sofar, kind(st.st_mode));
             check_owner_mode(sofar, &st);
-            close(ffd);
             close(fd);
             return -1;
         }
@@ -244,22 +239,36 @@ static void walk(int fd, char *path, size_t len)
     closedir(d);
 }
 
-/* Drop LD_* (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...: the dynamic loader loads code from
- * them into the interpreter) and GCONV_PATH (iconv loads modules from it), in place. Everything
- * else passes through: the engine reads OVERLORD_*, HOME, PATH, and the commands it runs get
- * the caller's environment. */
+/* The variables that make a library load code of the caller's choosing into the interpreter:
+ * LD_* (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...: the dynamic loader), GCONV_PATH (iconv's
+ * modules), and OpenSSL's configuration and module paths (a configuration names provider and
+ * engine libraries to load; OpenSSL reads it on first use, and `import hashlib` is enough).
+ * Everything else passes through: the engine reads OVERLORD_*, HOME, PATH, and the commands it
+ * runs get the caller's environment. */
+static int loads_code(const char *e)
+{
+    static const char *const exact[] = {
+        "GCONV_PATH", "OPENSSL_CONF", "OPENSSL_CONF_INCLUDE", "OPENSSL_MODULES", "OPENSSL_ENGINES",
+    };
+    size_t n = strcspn(e, "=");
+    if (strncmp(e, "LD_", 3) == 0)
+        return 1;
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        if (strlen(exact[i]) == n && strncmp(e, exact[i], n) == 0)
+            return 1;
+    return 0;
+}
+
+/* Drop them from environ, in place (every occurrence: a duplicated name could otherwise
+ * survive as a second entry). */
 static void scrub_environment(void)
 {
     char **in = environ, **out = environ;
     if (!in)
         return;
-    for (; *in; in++) {
-        const char *e = *in;
-        size_t n = strcspn(e, "=");
-        if (strncmp(e, "LD_", 3) == 0 || (n == 10 && strncmp(e, "GCONV_PATH", 10) == 0))
-            continue;
-        *out++ = *in;
-    }
+    for (; *in; in++)
+        if (!loads_code(*in))
+            *out++ = *in;
     *out = NULL;
 }
 
@@ -299,7 +308,7 @@ int main(int argc, char **argv)
     path[len] = '\0';
     walk(fd, path, len);
 
-    /* 3. No loader or iconv variable reaches the interpreter. */
+    /* 3. No loader, iconv or OpenSSL module variable reaches the interpreter. */
     scrub_environment();
 
     /* 4. The fixed interpreter; argv[0] is its absolute path, from which CPython derives

@@ -57,6 +57,9 @@ out = {{"executable": sys.executable, "isolated": sys.flags.isolated,
        "environ": sorted(os.environ), "modules": sorted(sys.modules), "cwd": os.getcwd()}}
 if "stdin" in sys.argv[1:]:
     out["stdin"] = sys.stdin.buffer.read().hex()
+if os.environ.get("PROBE_HASHLIB"):
+    import hashlib
+    hashlib.sha256(b"x").hexdigest()
 lib = os.environ.get("PROBE_DLOPEN")
 if lib:
     import ctypes
@@ -278,14 +281,19 @@ def test_interpreter_is_fixed_and_isolated(layout, scratch):
 def test_environment_scrubbed_of_loader_variables_only(layout):
     env = {"LD_PRELOAD": "/nonexistent.so", "LD_LIBRARY_PATH": "/nonexistent", "LD_AUDIT": "x",
            "LD_BIND_NOW": "1", "LD_DEBUG": "all", "LD_": "x", "GCONV_PATH": "/nonexistent",
+           "OPENSSL_CONF": "/x", "OPENSSL_CONF_INCLUDE": "/x", "OPENSSL_MODULES": "/x",
+           "OPENSSL_ENGINES": "/x", "OPENSSL_ia32cap": "keep", "SSL_CERT_FILE": "keep",
            "OVERLORD_HOME": "/x", "MY_LD_PRELOAD": "keep", "OLD_PWD": "keep",
-           "GCONV_PATH_X": "keep", "PYTHONPATH": "/nonexistent", "HOME": "/root"}
+           "GCONV_PATH_X": "keep", "OPENSSL_CONFX": "keep", "PYTHONPATH": "/nonexistent",
+           "HOME": "/root"}
     proc, out = probe(layout, env=env)
     assert proc.err == ""              # LD_DEBUG=all would have spoken on stderr
     keys = set(out["environ"])
-    assert not {k for k in keys if k.startswith("LD_")} and "GCONV_PATH" not in keys
+    assert not {k for k in keys if k.startswith("LD_")}
+    assert not keys & {"GCONV_PATH", "OPENSSL_CONF", "OPENSSL_CONF_INCLUDE", "OPENSSL_MODULES",
+                       "OPENSSL_ENGINES"}
     assert {"OVERLORD_HOME", "MY_LD_PRELOAD", "OLD_PWD", "GCONV_PATH_X", "PYTHONPATH", "HOME",
-            "PATH", "LANG"} <= keys
+            "PATH", "LANG", "OPENSSL_ia32cap", "SSL_CERT_FILE", "OPENSSL_CONFX"} <= keys
 
 
 # --- gain nothing: as root and as an ordinary user ---------------------------------------------
@@ -415,6 +423,26 @@ def test_loader_variables_load_nothing(layout, scratch, evil_so, user):
 
 
 @pytest.mark.parametrize("user", USERS)
+def test_openssl_configuration_loads_no_module(layout, scratch, evil_so, user):
+    """OpenSSL reads OPENSSL_CONF on first use (`import hashlib` is enough, and doctor does it);
+    a configuration can name a provider library to load, and OPENSSL_MODULES where to find
+    it: so both are dropped like LD_*."""
+    marker = f"{scratch}/marker"
+    shutil.copy(evil_so, f"{scratch}/evil.so")
+    write(f"{scratch}/evil.cnf", "openssl_conf = init\n[init]\nproviders = prov\n[prov]\n"
+          "evil = evil_sect\n[evil_sect]\nmodule = evil.so\nactivate = 1\n")
+    give(scratch, user)
+    env = {"OPENSSL_CONF": f"{scratch}/evil.cnf", "OPENSSL_MODULES": scratch, "MARKER": marker,
+           "HOME": scratch, "OVERLORD_HOME": f"{scratch}/home", "PROBE_HASHLIB": "1"}
+    proc = run([layout.launcher, "doctor"], user=user, env=env)
+    assert proc.returncode == 0 and "active backend:" in proc.out, proc.err
+    _, out = probe(layout, user=user, env=env)
+    assert not os.path.exists(marker)
+    run([PYTHON, "-I", "-S", f"{layout.probe_libdir}/main.py"], user=user, env=env)
+    assert os.path.exists(marker)                           # control
+
+
+@pytest.mark.parametrize("user", USERS)
 def test_current_directory_is_ignored(layout, scratch, user):
     marker = f"{scratch}/marker"
     for name in ("overlord/__init__.py", "overlord/cli/main.py", "main.py", "json.py",
@@ -521,6 +549,17 @@ def test_pyc_owned_by_another_user_is_refused(victim):
     pyc = sorted(n for n in os.listdir(pycache) if n.startswith("__init__."))[0]
     os.chown(f"{pycache}/{pyc}", NOBODY, NOBODY)
     victim.refused(f"{pycache}/{pyc}", f"is not owned by root (uid {NOBODY})")
+
+
+def test_acl_granting_write_is_refused(victim):
+    """A POSIX ACL that lets another user write shows in the group bits (the ACL mask)."""
+    require_tool("setfacl")
+    path = victim.plant("overlord/__init__.py")
+    subprocess.run(["setfacl", "-m", f"u:{NOBODY}:rw", path], check=True)
+    victim.refused(path, "is group-writable (mode 0664)")
+    # a masked entry grants nothing: the same file then starts
+    subprocess.run(["setfacl", "-m", "m::r", path], check=True)
+    assert run([victim.launcher, "--version"]).returncode == 0
 
 
 def test_directory_owned_by_another_user_is_refused(victim):
@@ -677,6 +716,9 @@ def test_symlinked_or_missing_interpreter_is_refused(layout, interp_dir):
     os.unlink(link)
     proc = run([launcher, "--version"])
     assert (proc.returncode, proc.err) == (126, f"overlord: refusing to start: {link} does not exist{REINSTALL}")
+    os.mkfifo(link, 0o755)
+    proc = run([launcher, "--version"], timeout=10)          # never opened, so never blocks
+    assert (proc.returncode, proc.err) == (126, f"overlord: refusing to start: {link} is a fifo{REINSTALL}")
 
 
 def test_exec_failure_is_127(layout, interp_dir):
