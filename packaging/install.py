@@ -226,16 +226,31 @@ def check_prefix(prefix):
 # ---- placing, with an undo log ----
 
 class Placer:
-    def __init__(self, backup_dir):
+    """Each step done with its undo recorded; what a step replaces is kept (a hard link to the
+    old inode) in a private dir on the target's filesystem until the install is over."""
+
+    def __init__(self, prefix, st):
         self.undo = []
-        self.backup_dir = backup_dir
+        self.prefix, self.st, self.etc = prefix, st, None
         self.n = 0
+
+    def _near(self, target):
+        """The staging dir, or for the AppArmor profile one made in /etc (maybe another fs)."""
+        if target.startswith(self.prefix + "/"):
+            return self.st
+        if not self.etc:
+            self.etc = tempfile.mkdtemp(prefix=".overlord-install-", dir="/etc")
+        return self.etc
 
     def _backup(self, path):
         self.n += 1
-        keep = os.path.join(self.backup_dir, str(self.n))
+        keep = os.path.join(self._near(path), f"kept-{self.n}")
         os.link(path, keep)                      # the old inode, kept until the end
         return keep
+
+    def cleanup(self):
+        if self.etc:
+            shutil.rmtree(self.etc)
 
     def mkdir(self, path):
         os.mkdir(path, 0o755)
@@ -244,6 +259,10 @@ class Placer:
         os.chmod(path, 0o755)
 
     def put(self, staged, target):
+        if self._near(target) != self.st:
+            self.n += 1
+            shutil.copy2(staged, os.path.join(self.etc, f"new-{self.n}"))
+            staged = os.path.join(self.etc, f"new-{self.n}")
         if os.path.lexists(target):
             if os.path.isdir(target) and not os.path.islink(target):
                 raise Refused(f"{target} is a directory where OVERLORD places a file: move it aside first")
@@ -333,8 +352,7 @@ def place(prefix, python, st, files, old, created, manifest_path):
         say(f"nothing to change: OVERLORD at {prefix} is up to date")
         return
     write(os.path.join(st, "manifest"), text)
-    os.mkdir(os.path.join(st, "kept"))
-    p = Placer(os.path.join(st, "kept"))
+    p = Placer(prefix, st)
     try:
         for d in new_dirs:
             if os.path.lexists(d):               # a file of the old install where a dir goes
@@ -343,6 +361,8 @@ def place(prefix, python, st, files, old, created, manifest_path):
         for t in changed:
             p.put(files[t], t)
         for t in gone:
+            if t == PROFILE and shutil.which("apparmor_parser"):
+                subprocess.run(["apparmor_parser", "-R", PROFILE], capture_output=True)
             p.remove(t)
         for d in gone_dirs:
             if not os.listdir(d):
@@ -352,16 +372,26 @@ def place(prefix, python, st, files, old, created, manifest_path):
             if proc.returncode:
                 raise Refused(f"apparmor_parser -r -W {PROFILE} failed: {proc.stderr.strip()}")
         p.put(os.path.join(st, "manifest"), manifest_path)
-    except (OSError, Refused) as e:
+    except BaseException as e:
         failed = p.rollback()
-        if PROFILE in changed and PROFILE in old["files"] and os.path.exists(PROFILE):
-            subprocess.run(["apparmor_parser", "-r", "-W", PROFILE], capture_output=True)
-        why = e if isinstance(e, Refused) else f"{e.filename or ''}: {e.strerror}".lstrip(": ")
+        if PROFILE in changed:                   # the kernel's copy back as it was too
+            subprocess.run(["apparmor_parser", "-r", "-W", PROFILE] if PROFILE in old["files"]
+                           else ["apparmor_parser", "-R", files[PROFILE]], capture_output=True)
+        if not isinstance(e, (OSError, Refused)):
+            raise
+        why = e if isinstance(e, Refused) else oserror(e)
         if failed:
             raise Refused(f"install failed ({why}) and the rollback failed too: {'; '.join(failed)}")
         raise Refused(f"install failed ({why}): everything was restored as it was")
+    finally:
+        p.cleanup()
     say(f"placed: {len(changed)} files written ({len(new_dirs)} new dirs), {len(gone)} old files removed")
     say(f"manifest: {manifest_path}")
+
+
+def oserror(e):
+    """`PATH: reason`, naming the target of a failed rename."""
+    return f"{e.filename2 or e.filename}: {e.strerror}" if e.filename else str(e.strerror or e)
 
 
 def doctor(prefix):
@@ -425,7 +455,7 @@ def main(argv):
         print(f"install.sh: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        print(f"install.sh: {e.filename or ''}: {e.strerror}".replace(": : ", ": "), file=sys.stderr)
+        print(f"install.sh: {oserror(e)}", file=sys.stderr)
         return 1
     return 0
 

@@ -67,14 +67,15 @@ if [ "$uninstall" = 0 ] && [ "$deps" = 1 ]; then
                 || missing="$missing $pkg"
         done
         if [ -n "$missing" ]; then
-            echo "deps: installing$missing"
             apt-get update -qq >/dev/null || die "apt-get update failed"
             if ! dpkg-query -W -f='${Status}' bpftrace 2>/dev/null | grep -q 'ok installed' \
                 && apt-cache show bpftrace >/dev/null 2>&1; then
-                missing="$missing bpftrace"
+                missing="$missing bpftrace"               # optional: where the archive has it
             fi
+            echo "deps: apt-get install$missing"
             # shellcheck disable=SC2086  # one word per package
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                -o DPkg::Lock::Timeout=300 $missing \
                 >/dev/null || die "apt-get install$missing failed"
         else
             echo "deps: python3 fuse-overlayfs fuse3 strace git gcc libc6-dev are installed"
