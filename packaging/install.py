@@ -215,9 +215,9 @@ def check_prefix(prefix):
         if os.path.exists(path):
             st = os.stat(path)
             if st.st_uid != 0 or st.st_mode & 0o022:
-                raise Refused(f"{path} is not root's alone (owner {st.st_uid}, mode "
-                              f"{st.st_mode & 0o7777:o}): the launcher would refuse to start "
-                              f"from under it; choose another --prefix")
+                why = "not owned by root" if st.st_uid else f"writable by others (mode {st.st_mode & 0o7777:o})"
+                raise Refused(f"{path} is {why}: the launcher would refuse to start from under it;"
+                              f" choose another --prefix")
         if path == "/":
             return
         path = os.path.dirname(path)

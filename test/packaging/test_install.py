@@ -372,6 +372,27 @@ def test_unsupported_system_names_exactly_the_missing_dependency(checkout, prefi
     assert os.listdir(prefix) == []
 
 
+def test_a_prefix_others_can_write_is_refused(checkout, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    proc = install(checkout, prefix=str(shared / "usr"))
+    refused(proc, f"install.sh: {shared} is writable by others (mode 1777): the launcher would "
+                  f"refuse to start from under it; choose another --prefix")
+    assert os.listdir(shared) == []
+
+
+def test_an_interpreter_that_is_missing_or_too_old_is_refused(checkout, prefix, tmp_path):
+    proc = install(checkout, "--python", "/nonexistent/python3", prefix=prefix)
+    refused(proc, "install.sh: no such interpreter: /nonexistent/python3")
+    old = tmp_path / "python3.8"
+    old.write_text("#!/bin/sh\nexit 1\n")                # what `sys.version_info < (3, 9)` gives
+    old.chmod(0o755)
+    proc = install(checkout, "--python", str(old), prefix=prefix)
+    refused(proc, f"install.sh: {old} is not Python 3.9 or newer (OVERLORD needs 3.9+; --python PATH)")
+    assert os.listdir(prefix) == []
+
+
 def test_relative_prefix_is_refused(checkout, tmp_path):
     proc = install(checkout, "--prefix", "relative/path", "--no-deps", cwd=tmp_path)
     refused(proc, "install.sh: --prefix must be an absolute path: relative/path (see --help)")
