@@ -400,8 +400,7 @@ def doctor(prefix):
     say("doctor:")
     sys.stdout.write(proc.stdout)
     if proc.returncode:
-        say(f"doctor: exit {proc.returncode} (the install is complete; the lines above say "
-            f"what this machine lacks)")
+        say(f"doctor: exit {proc.returncode} (the install itself is complete: see the lines above)")
 
 
 def uninstall(prefix):

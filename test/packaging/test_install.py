@@ -240,6 +240,23 @@ def test_second_run_changes_nothing_and_says_so(installed, checkout):
     assert state(prefix) == before                    # same inodes, mtimes, bytes, modes
 
 
+def test_a_doctor_that_fails_is_reported_not_a_failed_install(checkout, prefix):
+    """An interpreter in a group-writable dir: install.sh takes it, the launcher refuses it
+    (exit 126), so doctor fails; the install still stands, and says what happened."""
+    pydir = _root_dir("python-")
+    try:
+        os.chmod(pydir, 0o775)
+        shutil.copy2(PYTHON, pydir)
+        proc = install(checkout, "--python", os.path.join(pydir, os.path.basename(PYTHON)), prefix=prefix)
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert "doctor: exit 126 (the install itself is complete: see the lines above)" \
+            in proc.stdout.splitlines(), proc.stdout
+        assert "overlord: refusing to start: " in proc.stdout
+        assert os.path.exists(prefix + "/lib/overlord/install-manifest.json")
+    finally:
+        shutil.rmtree(pydir)
+
+
 # ---- upgrades and rollback ----
 
 def _change_sources(checkout):
