@@ -58,7 +58,8 @@ extern void overlord_libdir_is_not_absolute(void)
 
 extern char **environ;
 
-/* One line on stderr, written with a single write(2) so it is never interleaved. */
+/* One line on stderr, written with a single write(2) so it is never interleaved; a control
+ * character in a file name is shown as '?', so the line stays one line. */
 static void say(const char *fmt, const char *a, const char *b)
 {
     char line[PATH_MAX + 256];
@@ -67,6 +68,9 @@ static void say(const char *fmt, const char *a, const char *b)
         return;
     if ((size_t)n >= sizeof line)
         n = sizeof line - 1;
+    for (int i = 0; i < n - 1; i++)
+        if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+            line[i] = '?';
     if (write(2, line, (size_t)n) < 0) {
         /* nothing more to say anywhere */
     }

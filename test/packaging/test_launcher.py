@@ -13,7 +13,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -342,7 +341,7 @@ def test_pythonstartup_and_inspect_do_not_run(layout, scratch, user):
 @pytest.mark.parametrize("user", USERS)
 def test_pythonhome_is_ignored(layout, scratch, user):
     marker = f"{scratch}/marker"
-    fake = f"{scratch}/fakehome/lib/python{sys.version_info[0]}.{PYTHON.rsplit('python3.', 1)[1]}"
+    fake = f"{scratch}/fakehome/lib/{os.path.basename(PYTHON)}"          # lib/python3.11
     write(f"{fake}/os.py", payload(marker))
     write(f"{fake}/encodings/__init__.py", payload(marker))
     write(f"{fake}/lib-dynload/.keep", "")
@@ -634,6 +633,12 @@ def test_fifo_socket_and_device_are_refused(victim):
     dev = f"{victim.libdir}/overlord/null.py"
     os.mknod(dev, 0o644 | 0o020000, os.makedev(1, 3))
     victim.refused(dev, "is a device")
+
+
+def test_refusal_is_one_line_whatever_the_name(victim):
+    name = f"{victim.libdir}/overlord/bad\nname\x1b[2J.py"
+    write(name, payload(victim.marker), mode=0o646)
+    victim.refused(f"{victim.libdir}/overlord/bad?name?[2J.py", "is world-writable (mode 0646)")
 
 
 def test_missing_entry_point_is_refused(victim):
