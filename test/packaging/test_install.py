@@ -410,6 +410,34 @@ def test_an_interpreter_that_is_missing_or_too_old_is_refused(checkout, prefix, 
     assert os.listdir(prefix) == []
 
 
+@pytest.mark.parametrize("absent", [[], ["strace", "git"]])
+def test_apt_runs_only_for_what_dpkg_lacks(checkout, prefix, tmp_path, absent):
+    """With apt-get: dpkg-query decides; apt-get update, then install exactly the missing
+    packages, or no apt-get at all. apt-get and dpkg-query are stand-ins here (bound over the
+    real ones in a private mount namespace): the real path runs in test_fresh_machine.py."""
+    conftest.require_tool("unshare")
+    log = tmp_path / "apt.log"
+    (tmp_path / "apt-get").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (tmp_path / "dpkg-query").write_text(
+        '#!/bin/sh\nfor p; do :; done\ncase " %s " in *" $p "*) exit 1;; esac\n'
+        'printf "install ok installed"\n' % " ".join(absent))
+    for name in ("apt-get", "dpkg-query"):
+        (tmp_path / name).chmod(0o755)
+    script = ('mount --bind "$1/apt-get" /usr/bin/apt-get && mount --bind "$1/dpkg-query" '
+              '/usr/bin/dpkg-query && shift && exec "$@"')
+    proc = install(checkout, "--prefix", prefix, wrap=("unshare", "--mount", "--propagation",
+                                                       "private", "sh", "-c", script, "sh", str(tmp_path)))
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    first = proc.stdout.splitlines()[0]
+    if absent:
+        assert first == "deps: apt-get install strace git"
+        assert log.read_text().splitlines() == [
+            "update -qq", "install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=300 strace git"]
+    else:
+        assert first == "deps: python3 fuse-overlayfs fuse3 strace git gcc libc6-dev are installed"
+        assert not log.exists()
+
+
 def test_relative_prefix_is_refused(checkout, tmp_path):
     proc = install(checkout, "--prefix", "relative/path", "--no-deps", cwd=tmp_path)
     refused(proc, "install.sh: --prefix must be an absolute path: relative/path (see --help)")
