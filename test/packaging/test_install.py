@@ -2,6 +2,7 @@
 /var/lib/overlord-test/install-*), with --no-deps (the host has the dependencies). Each run
 uses a copy of the checkout, so an upgrade can change the sources. The fresh-machine proof
 (a debootstrap root, with the dependencies installed) is test_fresh_machine.py."""
+import functools
 import hashlib
 import json
 import os
@@ -200,6 +201,7 @@ def test_layout_owners_modes_and_manifest(installed, checkout):
                                        if st[0] == "dir")
 
 
+@functools.lru_cache(None)
 def _pyver():
     out = subprocess.run([PYTHON, "-c", "import sys; print(*sys.version_info[:2])"],
                          capture_output=True, text=True, check=True).stdout.split()
