@@ -311,15 +311,19 @@ def install(prefix, python):
             os.chown(d, 0, 0)
             os.chmod(d, 0o755)
             created.append(d)
+    times = os.stat(prefix)
     st = tempfile.mkdtemp(prefix=".overlord-install-", dir=prefix)
+    changed = True
     try:
         files = stage(st, prefix, python)
-        place(prefix, python, st, files, old, created, manifest_path)
+        changed = place(prefix, python, st, files, old, created, manifest_path)
     finally:
         shutil.rmtree(st)
         for d in reversed(created):              # left only when the install failed
             if os.path.isdir(d) and not os.listdir(d):
                 os.rmdir(d)
+    if not changed:                              # not even PREFIX's mtime, for the staging dir
+        os.utime(prefix, ns=(times.st_atime_ns, times.st_mtime_ns))
 
 
 def place(prefix, python, st, files, old, created, manifest_path):
@@ -350,7 +354,7 @@ def place(prefix, python, st, files, old, created, manifest_path):
         same_manifest = False
     if not (changed or gone or new_dirs or gone_dirs or not same_manifest):
         say(f"nothing to change: OVERLORD at {prefix} is up to date")
-        return
+        return False
     write(os.path.join(st, "manifest"), text)
     p = Placer(prefix, st)
     try:
@@ -387,6 +391,7 @@ def place(prefix, python, st, files, old, created, manifest_path):
         p.cleanup()
     say(f"placed: {len(changed)} files written ({len(new_dirs)} new dirs), {len(gone)} old files removed")
     say(f"manifest: {manifest_path}")
+    return True
 
 
 def oserror(e):
