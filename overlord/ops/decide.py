@@ -1,6 +1,5 @@
 """The decision: commit (by cause, merged, crash-atomic) or roll back; and crash recovery."""
 import dataclasses
-import shutil
 import time
 
 from overlord.errors import OverlordError, UsageError
@@ -15,6 +14,7 @@ from overlord.ops.grants import require_target
 from overlord.ops.review import get_session
 from overlord.trust import audit
 from overlord.agent import memory
+from overlord import hosttools
 
 
 # -- decide ---------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def _commit(session, force, merge, only, drop, allow_privileged, countersigned):
     require_target(session.target, session.meta.get("target_id"))
     if merge and not session.meta.get("merge_base"):
         raise UsageError(f"commit --merge needs a session opened with --merge-base ({sid} was not)")
-    if merge and not shutil.which("git"):
+    if merge and not hosttools.find("git"):
         raise OverlordError("commit --merge needs git (git merge-file); install git")
     chosen = history.select_some(session, only, drop, "commit")
     with locks.TargetLock(session.target):

@@ -2,7 +2,6 @@
 import dataclasses
 import json
 import os
-import shutil
 import socket
 
 from overlord.linux import libc
@@ -12,6 +11,7 @@ from overlord.sandbox import backends, fuse, harden, limits
 from overlord.sandbox import trace_ebpf
 from overlord.txn import store
 from overlord.txn.session import MAX_SAVEPOINTS
+from overlord import hosttools
 
 
 # -- listing and diagnostics ----------------------------------------------------------------------
@@ -42,7 +42,7 @@ def doctor():
         active = forced
     else:
         active = next((n for n, (ok, _) in probes.items() if ok), None)
-    tools = {t: shutil.which(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
+    tools = {t: hosttools.find(t) for t in ("fuse-overlayfs", "fusermount3", "strace", "bpftrace", "git")}
     return DoctorReport(probes, active, tools, store.home(), os.environ.get("OVERLORD_JAIL") == "1",
                         containment_layers(probes["kernel"][0], tools), coarse_sessions(),
                         fuse_containment(probes["fuse"][0]), audit_status(), daemon_status(),

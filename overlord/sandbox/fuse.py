@@ -18,13 +18,13 @@ grants (jail, net) instead of pretending to honour them.
 import errno
 import mmap
 import os
-import shutil
 import signal
 import stat
 
 from overlord.errors import LaunchError
 from overlord.linux import libc
 from overlord.sandbox import executor, harden, limits
+from overlord import hosttools
 
 NAME = "fuse"
 
@@ -41,7 +41,7 @@ _last = None            # (level, why) the last launch in this process reached
 
 
 def _binaries():
-    return shutil.which("fuse-overlayfs"), shutil.which("fusermount3") or shutil.which("fusermount")
+    return hosttools.find("fuse-overlayfs"), hosttools.find("fusermount3") or hosttools.find("fusermount")
 
 
 def probe():

@@ -8,10 +8,10 @@ its syscalls hit the probes; nothing earlier exists for it, because nothing ran 
 """
 import json
 import os
-import shutil
 import signal
 import threading
 
+from overlord import hosttools
 from overlord.errors import LaunchError
 
 TRACEFS = "/sys/kernel/tracing"
@@ -31,7 +31,7 @@ def available():
     """(ok, why): root, bpftrace on PATH, and the kernel's syscall tracepoints."""
     if os.geteuid() != 0:
         return False, "root only (bpftrace loads BPF programs)"
-    if not shutil.which("bpftrace"):
+    if not hosttools.find("bpftrace"):
         return False, "bpftrace is not installed (apt-get install bpftrace)"
     if not os.path.isdir(os.path.join(TRACEFS, "events", "syscalls")) and not os.path.ismount(TRACEFS):
         return True, "bpftrace; tracefs will be mounted on first use"
@@ -93,7 +93,8 @@ class EbpfRecorder:
         self.setup_pid = child_pid          # OVERLORD's own PID 1: its setup is not the command
         inode = os.stat(f"/proc/{child_pid}/ns/user").st_ino
         import subprocess
-        self.proc = subprocess.Popen(["bpftrace", "-e", script(inode)], stdin=subprocess.DEVNULL,
+        bpftrace = hosttools.find("bpftrace") or "bpftrace"
+        self.proc = subprocess.Popen([bpftrace, "-e", script(inode)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      errors="replace", start_new_session=True)
         first = self.proc.stdout.readline()

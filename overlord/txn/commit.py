@@ -1,7 +1,6 @@
 """Before commit replays: drift on every path replay would touch, and the three-way merge."""
 import dataclasses
 import os
-import shutil
 import stat
 import subprocess
 
@@ -11,6 +10,7 @@ from overlord.txn import changes as C
 from overlord.txn import gitdir
 from overlord.txn import layers as L
 from overlord.txn.replay import DirFds, ViaSymlink, safe_lstat
+from overlord import hosttools
 
 SPLIT_LINK = "hard link split across savepoints (the fuse backend showed either version)"
 FORGED = "an overlay xattr set by the command"
@@ -155,7 +155,7 @@ def three_way(session, drifts, view):
 
     Returns {path: merged bytes}; raises Conflict when any drift cannot be merged.
     """
-    git = shutil.which("git")        # ops.commit refused --merge without it already
+    git = hosttools.find("git")        # ops.commit refused --merge without it already
     base = session.base()
     out = []
     merged = {}
