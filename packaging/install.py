@@ -89,7 +89,7 @@ def stage_engine(stage, libdir, bindir):
     say(f"engine: {count + 2} files for {libdir} (byte-compiled, checked-hash)")
 
 
-def stage_launcher(stage, probe, python, libdir):
+def stage_launcher(stage, probe, python, libdir, need_static):
     out = os.path.join(stage, "bin/overlord")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     cc = shlex.split(os.environ.get("CC") or "cc")
@@ -97,6 +97,11 @@ def stage_launcher(stage, probe, python, libdir):
         f.write("int main(void) { return 0; }\n")
     static = subprocess.run(cc + ["-static", "-o", probe, probe + ".c"],
                             capture_output=True).returncode == 0
+    if need_static and not static:
+        # dynamically linked, the loader would run an LD_PRELOAD library inside the profile
+        raise Refused("the launcher must be linked statically where the AppArmor profile grants"
+                      " it user namespaces, and this C library has no libc.a: install it"
+                      " (apt-get install libc6-dev)")
     cmd = cc + ["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror"] + (["-static"] if static else []) + [
         f'-DOVERLORD_PYTHON="{python}"', f'-DOVERLORD_LIBDIR="{libdir}"',
         "-o", out, os.path.join(SRC, "packaging/launcher.c")]
@@ -157,8 +162,9 @@ def stage(st, prefix, python):
     libdir, bindir = prefix + "/lib/overlord", prefix + "/bin"
     new = os.path.join(st, "new")
     os.mkdir(new)
+    profile = apparmor_wanted()
     stage_engine(new, libdir, bindir)
-    stage_launcher(new, os.path.join(st, "static-probe"), python, libdir)
+    stage_launcher(new, os.path.join(st, "static-probe"), python, libdir, need_static=profile)
     stage_units(new, prefix)
     stage_skills(new)
     files = {}
@@ -166,7 +172,7 @@ def stage(st, prefix, python):
         for name in names:
             path = os.path.join(base, name)
             files[os.path.join(prefix, os.path.relpath(path, new))] = path
-    if apparmor_wanted():
+    if profile:
         text = read("packaging/apparmor/overlord").replace(b"/usr/local/bin/overlord",
                                                           bindir.encode() + b"/overlord")
         write(os.path.join(st, "apparmor"), text)
@@ -446,7 +452,8 @@ def main(argv):
             args[a] = True
         else:
             args[a] = next(it)
-    prefix = os.path.normpath(args["--prefix"])
+    # the real path: what the launcher checks and what AppArmor attaches to are resolved paths
+    prefix = os.path.realpath(args["--prefix"])
     try:
         if prefix == "/":
             raise Refused("--prefix / is not supported (the default is /usr/local)")

@@ -143,4 +143,8 @@ def fresh(tmp_path, suite=SUITE):
     os.makedirs(path)
     subprocess.run(["tar", "-C", path, "-xf", tarball], check=True)
     shutil.copyfile("/etc/resolv.conf", os.path.join(path, "etc/resolv.conf"))
+    lists = os.path.join(path, "var/lib/apt/lists")      # debootstrap leaves its Packages file:
+    for name in os.listdir(lists):                        # a fresh machine has no package lists
+        if os.path.isfile(os.path.join(lists, name)) and name != "lock":
+            os.unlink(os.path.join(lists, name))
     return Root(path)
