@@ -38,7 +38,9 @@ COPY . /src
 # gcc and libc6-dev go again); install.sh --no-deps: the engine, the launcher, the units, the
 # skills under /usr/local, then its `overlord doctor` (OVERLORD_HOME in a throwaway dir);
 # then the account and its home (the downloaded .debs: the base image's
-# /etc/apt/apt.conf.d/docker-clean removes them after every apt-get run)
+# /etc/apt/apt.conf.d/docker-clean removes them after every apt-get run); /etc/mtab, which
+# `fusermount3 -u` reads to unmount a session: Docker adds it to a container, the image has
+# none, and other engines (apptainer, a plain chroot) do not add it
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3 fuse-overlayfs fuse3 strace git gcc libc6-dev ca-certificates openssl \
@@ -50,7 +52,8 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid overlord --home-dir /data --no-create-home \
       --shell /usr/sbin/nologin overlord \
  && install -d -o overlord -g overlord -m 0700 /data \
- && install -d -o overlord -g overlord -m 0755 /projects
+ && install -d -o overlord -g overlord -m 0755 /projects \
+ && ln -sfn ../proc/self/mounts /etc/mtab
 
 ENV OVERLORD_HOME=/data
 VOLUME /data

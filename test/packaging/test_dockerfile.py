@@ -357,6 +357,7 @@ def test_the_image_is_built_as_the_dockerfile_says(image):
     gone = r.run("command -v gcc cc; ls /var/lib/apt/lists | grep -v -e '^lock$' -e '^partial$';"
                  " ls -d /src /tmp/overlord-build 2>/dev/null; true").stdout.split()
     assert gone == [], gone
+    assert os.readlink(r.host("/etc/mtab")) == "../proc/self/mounts"     # fusermount3 -u reads it
     assert os.listdir(r.host("/data")) == []                    # the volume starts empty
     for tool in ("python3", "fuse-overlayfs", "fusermount3", "strace", "git", "openssl"):
         r.run(f"command -v {tool} >/dev/null")
@@ -422,6 +423,18 @@ def test_the_container_serves_and_its_healthcheck_passes(image):
     lines = doctor.stdout.splitlines()
     fuse = [line for line in lines if line.startswith("fuse backend")]
     assert fuse and fuse[0].endswith(": available"), doctor.stdout
+
+    # what the image is for: a transaction on the fuse backend as the unprivileged user
+    r.run("install -d -o overlord -g overlord /projects/app")
+    run = r.run(image.shell(["overlord", "run", "--backend", "fuse", "-t", "/projects/app", "--",
+                             "sh", "-c", "echo hello > greeting"]), check=False)
+    print(f"$ overlord run --backend fuse ...\n{run.stdout}{run.stderr}")
+    assert run.returncode == 0 and "pending" in run.stdout, run.stdout + run.stderr
+    assert not os.path.exists(r.host("/projects/app/greeting"))       # not until the commit
+    sid = run.stdout.split()[1]
+    r.run(image.shell(["overlord", "commit", sid]))
+    with open(r.host("/projects/app/greeting")) as f:
+        assert f.read() == "hello\n"
 
     options, check = image.healthcheck
     assert set(options) <= {"interval", "timeout", "start-period", "retries", "start-interval"}
