@@ -483,21 +483,10 @@ def _directives(name):
 def test_the_units_run_gc_nightly_as_a_oneshot():
     svc, timer = _directives("overlord-gc.service"), _directives("overlord-gc.timer")
     assert svc["Type"] == ["oneshot"]
-    assert svc["ExecStart"][0].split()[-2:] == ["overlord", "gc"]
+    assert svc["ExecStart"][0].split() == ["/usr/local/bin/overlord", "gc"]   # the launcher
     assert svc["NoNewPrivileges"] == ["yes"] and svc["KillMode"] == ["process"]
     assert timer["Unit"] == ["overlord-gc.service"] and timer["Persistent"] == ["true"]
     assert timer["OnCalendar"] and timer["WantedBy"] == ["timers.target"]
-
-
-def test_systemd_accepts_the_units(tmp_path):
-    import shutil
-    import subprocess
-    tool = shutil.which("systemd-analyze")
-    if not tool:
-        pytest.skip("systemd-analyze is not installed")
-    files = [os.path.join(PACKAGING, n) for n in ("overlord-gc.service", "overlord-gc.timer")]
-    proc = subprocess.run([tool, "verify", *files], capture_output=True, text=True)
-    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
 
 
 def test_what_a_commit_names_after_the_plan_is_kept(ovl, home, t):
