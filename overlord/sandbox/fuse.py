@@ -85,21 +85,24 @@ def unmount(mount_point):
     """Unmount; lazily if something still pins the mount. Returns True when it was lazy: a
     process holding the mount may then still write into the layer being sealed."""
     _, fusermount = _binaries()
+    why = ""
     for lazy in (False, True):
         if fusermount:
             import subprocess
             proc = subprocess.run([fusermount, "-u", *(["-z"] if lazy else []), mount_point],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+                                  stderr=subprocess.PIPE, text=True, errors="replace")
             if proc.returncode == 0:
                 return lazy
+            why = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+            why = ": " + why[0][:300]     # e.g. a container without /etc/mtab
         else:
             try:
                 libc.umount2(mount_point, libc.MNT_DETACH if lazy else 0)
                 return lazy
-            except OSError:
-                pass
-    raise LaunchError(f"cannot unmount {mount_point}")
+            except OSError as exc:
+                why = f": {exc.strerror}"
+    raise LaunchError(f"cannot unmount {mount_point}{why}")
 
 
 def launch(spec):
