@@ -421,7 +421,9 @@ def uninstall(prefix):
     if m is None:
         raise Refused(f"no install manifest at {manifest_path}: nothing of OVERLORD's to remove")
     for path in list(m["files"]) + m["dirs"]:
-        if not (path.startswith(prefix + "/") or path == PROFILE) or os.path.normpath(path) != path:
+        inside = path.startswith(prefix + "/") or path == PROFILE or (
+            path in m["dirs"] and (prefix + "/").startswith(path.rstrip("/") + "/"))  # made for it
+        if not inside or os.path.normpath(path) != path:
             raise Refused(f"{manifest_path} names {path}, outside {prefix}: not removing anything")
     if PROFILE in m["files"] and os.path.exists(PROFILE) and shutil.which("apparmor_parser"):
         subprocess.run(["apparmor_parser", "-R", PROFILE], capture_output=True)

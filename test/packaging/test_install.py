@@ -341,6 +341,18 @@ def test_uninstall_restores_the_prefix_and_never_touches_a_home(checkout, prefix
     assert conftest.tree(home) == home_after_install and (home / "keep.txt").exists()
 
 
+def test_a_prefix_the_install_made_is_removed_by_the_uninstall(checkout, prefix):
+    """--prefix naming a directory that does not exist yet: the install creates it (the
+    manifest names it among its dirs) and the uninstall removes it again."""
+    fresh = prefix + "/new/deeper"
+    proc = install(checkout, prefix=fresh)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert fresh in json.load(open(fresh + "/lib/overlord/install-manifest.json"))["dirs"]
+    proc = install(checkout, "--uninstall", prefix=fresh)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert os.listdir(prefix) == []
+
+
 def test_uninstall_without_a_manifest(checkout, prefix):
     before = state(prefix)
     proc = install(checkout, "--uninstall", prefix=prefix)
