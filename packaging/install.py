@@ -15,6 +15,7 @@ import py_compile
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,11 @@ sys.exit(main())
 
 class Refused(Exception):
     """A clear one-line reason; install.sh prints it and exits 1."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP (a plain kill, a closed ssh session): raised like Ctrl-C, so the
+    placement rolls back before the process ends."""
 
 
 def say(line):
@@ -300,6 +306,30 @@ class Placer:
         return failed
 
 
+def pending_path(prefix):
+    return prefix + "/.overlord-pending-manifest.json"
+
+
+def recover(prefix, old):
+    """After a run that was killed mid-way: the files its pending manifest names that hold
+    exactly what it meant to place count as ours (so this run can replace or keep them), and
+    its staging dirs go."""
+    pending = read_manifest(pending_path(prefix))
+    if pending:
+        for path, digest in pending["files"].items():
+            if path not in old["files"] and os.path.isfile(path) and not os.path.islink(path) \
+                    and sha256(path) == digest:
+                old["files"][path] = digest
+        old["dirs"] = sorted(set(old["dirs"]) | {d for d in pending["dirs"] if os.path.isdir(d)})
+        say(f"recovered: an interrupted install's files under {prefix} are taken as OVERLORD's")
+    for base in (prefix, "/etc"):
+        for name in os.listdir(base) if os.path.isdir(base) else ():
+            path = os.path.join(base, name)
+            if name.startswith(".overlord-install-") and os.path.isdir(path) \
+                    and not os.path.islink(path) and os.lstat(path).st_uid == 0:
+                shutil.rmtree(path)
+
+
 def install(prefix, python):
     libdir = prefix + "/lib/overlord"
     manifest_path = libdir + "/install-manifest.json"
@@ -310,6 +340,7 @@ def install(prefix, python):
         raise Refused(f"{SRC}/packaging/launcher.c is missing: run install.sh from a full checkout")
     check_prefix(prefix)
     old = read_manifest(manifest_path) or {"files": {}, "dirs": []}
+    recover(prefix, old)
     created = []
     for d in ancestors(prefix + "/x"):           # PREFIX itself and what leads to it
         if not os.path.isdir(d):
@@ -362,6 +393,12 @@ def place(prefix, python, st, files, old, created, manifest_path):
         say(f"nothing to change: OVERLORD at {prefix} is up to date")
         return False
     write(os.path.join(st, "manifest"), text)
+    # what this run may place, before the first rename: a run killed mid-way (SIGKILL, power
+    # loss) leaves it, and the next run takes the files it names with these hashes as ours
+    pending = {"version": 1, "files": {**old["files"], **manifest["files"]},
+               "dirs": sorted(set(old["dirs"]) | set(manifest["dirs"]))}
+    write(pending_path(prefix) + ".part", json.dumps(pending, sort_keys=True).encode())
+    os.rename(pending_path(prefix) + ".part", pending_path(prefix))
     p = Placer(prefix, st)
     try:
         for d in new_dirs:
@@ -384,6 +421,8 @@ def place(prefix, python, st, files, old, created, manifest_path):
         p.put(os.path.join(st, "manifest"), manifest_path)
     except BaseException as e:
         failed = p.rollback()
+        if not failed:                           # back as it was: nothing pending any more
+            os.unlink(pending_path(prefix))
         if PROFILE in changed:                   # the kernel's copy back as it was too
             subprocess.run(["apparmor_parser", "-r", "-W", PROFILE] if PROFILE in old["files"]
                            else ["apparmor_parser", "-R", files[PROFILE]], capture_output=True)
@@ -395,6 +434,7 @@ def place(prefix, python, st, files, old, created, manifest_path):
         raise Refused(f"install failed ({why}): everything was restored as it was")
     finally:
         p.cleanup()
+    os.unlink(pending_path(prefix))
     say(f"placed: {len(changed)} files written ({len(new_dirs)} new dirs), {len(gone)} old files removed")
     say(f"manifest: {manifest_path}")
     return True
@@ -456,6 +496,11 @@ def main(argv):
             args[a] = next(it)
     # the real path: what the launcher checks and what AppArmor attaches to are resolved paths
     prefix = os.path.realpath(args["--prefix"])
+
+    def interrupted(signum, frame):
+        raise Interrupted(signal.Signals(signum).name)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
     try:
         if prefix == "/":
             raise Refused("--prefix / is not supported (the default is /usr/local)")
@@ -470,6 +515,11 @@ def main(argv):
     except OSError as e:
         print(f"install.sh: {oserror(e)}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, Interrupted) as e:
+        why = e.args[0] if isinstance(e, Interrupted) else "SIGINT"
+        print(f"install.sh: interrupted ({why}): what it had placed is put back as it was",
+              file=sys.stderr)
+        return 130
     return 0
 
 

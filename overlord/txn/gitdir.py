@@ -885,10 +885,14 @@ def _read_simple(files):
 
 def _ask_git():
     import subprocess               # only for a git target: `exec` of any other stays light
+    from overlord import hosttools
+    git = hosttools.find("git")     # host-side: never a git of the caller's PATH, installed
+    if git is None:
+        return None, None
     out = {}
     for name in ("name", "email"):
         try:
-            proc = subprocess.run(["git", "config", "--global", "--includes", "--get",
+            proc = subprocess.run([git, "config", "--global", "--includes", "--get",
                                    f"user.{name}"], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=5)
         except (OSError, subprocess.SubprocessError):

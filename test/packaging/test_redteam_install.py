@@ -100,10 +100,6 @@ def confined(lines):
 
 # ---- the engine, under the launcher, running programs of the caller's choosing on the host ----
 
-@pytest.mark.xfail(strict=True, reason="hole: gitdir._ask_git runs a bare `git` looked up on the "
-                   "caller's PATH, host-side, outside any seccomp filter, whenever ~/.gitconfig is "
-                   "not 'simple' (an [include]); any --jail run does it. Fix: hosttools.find('git') "
-                   "in overlord/txn/gitdir.py _ask_git (and skip the ask when it is None)")
 def test_jail_git_identity_does_not_run_a_git_from_callers_path(installed, home):
     marker = os.path.join(home, "git-ran")
     plant(os.path.join(home, "bin/git"), SPY.format(marker=marker, tail='exec /usr/bin/git "$@"'))
@@ -115,12 +111,6 @@ def test_jail_git_identity_does_not_run_a_git_from_callers_path(installed, home)
     assert not lines or confined(lines), lines
 
 
-@pytest.mark.xfail(strict=True, reason="hole: `overlord memory user --edit` runs $VISUAL/$EDITOR "
-                   "(looked up on the caller's PATH) host-side under the launcher's profile with no "
-                   "seccomp filter, and docs/INSTALL.md's list of what the launcher does not stop "
-                   "(connectors, vault resolver) does not name it. Fix: run the editor confined "
-                   "like a session command (harden's no_new_privs + seccomp filter in a preexec) in "
-                   "overlord/cli/memory_cmds.py _edit, or name it in docs/INSTALL.md")
 def test_memory_editor_is_not_run_unconfined(installed, home):
     marker = os.path.join(home, "editor-ran")
     plant(os.path.join(home, "bin/myeditor"), SPY.format(marker=marker, tail="exit 0"))
@@ -277,13 +267,6 @@ def killed_install(prefix, sig, after=5):
                           env=ENV, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: a SIGKILL (or power loss) between install.py's "
-                   "renames leaves files placed with no manifest naming them and the staging dir "
-                   "PREFIX/.overlord-install-* behind; a rerun then refuses each placed file as "
-                   "'not OVERLORD's', so it never recovers. Fix (packaging/install.py place): write "
-                   "a pending journal (the new manifest, e.g. LIBDIR/install-manifest.json.pending) "
-                   "before the first rename, treat files it names with a matching sha256 as ours on "
-                   "the next run, and remove stale .overlord-install-* dirs")
 def test_rerun_after_sigkill_mid_placement_recovers(fresh):
     proc = killed_install(fresh, "SIGKILL")
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
@@ -294,11 +277,6 @@ def test_rerun_after_sigkill_mid_placement_recovers(fresh):
     assert glob.glob("/etc/.overlord-install-*") == []
 
 
-@pytest.mark.xfail(strict=True, reason="hole: SIGTERM (a plain `kill`, a closed ssh session's "
-                   "SIGHUP) mid-placement kills install.py with no rollback: half-installed. Fix: "
-                   "packaging/install.py main: signal.signal(SIGTERM/SIGHUP) to raise, so the "
-                   "BaseException rollback in place() runs (and a one-line message, no traceback, "
-                   "for it and for Ctrl-C)")
 def test_sigterm_mid_placement_leaves_nothing(fresh):
     proc = killed_install(fresh, "SIGTERM")
     assert proc.returncode != 0
@@ -314,10 +292,6 @@ def test_sigint_mid_placement_rolls_back(fresh):
     assert left == [], left[:5]
 
 
-@pytest.mark.xfail(strict=True, reason="hole (minor): Ctrl-C mid-placement rolls back but prints a "
-                   "KeyboardInterrupt traceback (the brief: one line, no tracebacks). Fix: "
-                   "packaging/install.py main: catch KeyboardInterrupt -> 'install.sh: interrupted: "
-                   "everything was restored as it was', exit 130")
 def test_sigint_mid_placement_says_one_line(fresh):
     proc = killed_install(fresh, "SIGINT")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-300:]
