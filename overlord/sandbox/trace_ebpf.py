@@ -42,7 +42,8 @@ def _ensure_tracefs():
     if os.path.isdir(os.path.join(TRACEFS, "events", "syscalls")):
         return
     import subprocess        # only when tracing: never on an untraced command's path
-    subprocess.run([hosttools.find("mount") or "/bin/mount", "-t", "tracefs", "nodev", TRACEFS], stdout=subprocess.DEVNULL,
+    mount = hosttools.find("mount") or "/bin/mount"
+    subprocess.run([mount, "-t", "tracefs", "nodev", TRACEFS], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     if not os.path.isdir(os.path.join(TRACEFS, "events", "syscalls")):
         raise LaunchError("--trace ebpf: the kernel's syscall tracepoints are not available")
