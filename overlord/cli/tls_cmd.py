@@ -10,7 +10,6 @@ import sys
 
 from overlord import ops
 from overlord.errors import OverlordError, UsageError
-from overlord import hosttools
 
 MAX_DAYS = 3650
 
@@ -77,7 +76,7 @@ def cmd_selfsign(args):
     names, alt = _names(args.names)
     if not 1 <= args.days <= MAX_DAYS:
         raise UsageError(f"--days takes 1 to {MAX_DAYS}, not {args.days}")
-    openssl = hosttools.find("openssl")
+    openssl = ops.host_tool("openssl")
     if openssl is None:
         raise OverlordError("openssl is not installed (it makes the certificate): install it, "
                             "e.g. apt-get install openssl")

@@ -20,7 +20,7 @@ _EXPORTS = {
     "decide": ("CommitResult", "commit", "rollback"),
     "recovery": ("recover",),
     "peek": ("OPEN_STATES", "policy_stamp", "session_record"),
-    "doctor": ("DoctorReport", "containment_layers", "doctor", "sessions"),
+    "doctor": ("DoctorReport", "containment_layers", "doctor", "host_tool", "sessions"),
     "execute": ("Captured", "ExecResult", "RunResult", "command_cause", "enforcement", "exec_capture", "exec_in", "run", "captured"),
     "grants": ("crossed_grant", "load_manifest", "merge_grants", "parse_net_allow", "require_target", "resolve_target", "validate_grants"),
     "history": ("compare", "fork", "rewind", "savepoints"),

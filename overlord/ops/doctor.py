@@ -16,6 +16,12 @@ from overlord import hosttools
 
 # -- listing and diagnostics ----------------------------------------------------------------------
 
+
+def host_tool(name):
+    """Where a program OVERLORD runs itself on the host is (overlord/hosttools.py), or None."""
+    return hosttools.find(name)
+
+
 def sessions():
     return store.list_metas()
 
