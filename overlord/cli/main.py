@@ -264,6 +264,11 @@ def _own_parsers(sub):
 
     df.add_argument("--patch", action="store_true", help="unified diffs of the content, like "
                     "git diff (binary and large files summarized)")
+    df.add_argument("--only", action="append", default=[], metavar="SEL",
+                    help="what `commit --only SEL` would change: layer:N, layer:A-B, turn:N, "
+                    "tool:NAME, call:ID")
+    df.add_argument("--drop", action="append", default=[], metavar="SEL",
+                    help="what `commit --drop SEL` would change (same selectors)")
     lg.add_argument("--syscalls", action="store_true", help="also what --trace recorded, one "
                     "line per syscall")
     sc = _sid_command(sub, "syscalls", "what --trace recorded for a session, one line per syscall",
@@ -536,7 +541,7 @@ def _words(change):
 
 
 def cmd_diff(args):
-    changes = ops.diff(args.sid)
+    changes = ops.diff(args.sid, args.only, args.drop)
     if args.json:
         from overlord.ops.shapes import change_json
         texts = ops.unified(args.sid, changes) if args.patch else None

@@ -115,6 +115,7 @@ def review(sid, *, provider=None, model=None, base_url=None, headers=None, knobs
     for key, value in (("api", api), ("azure_api_version", azure_api_version)):
         if value is not None:
             knobs[key] = value
+    history.select_some(session, only, drop, "review")    # a bad selection before any key
     ep = endpoint(provider, model, base_url, headers, knobs, script, owner=owner)
     reviewer = V.model_id(ep.provider, _served_model(ep))
     agent = V.agent_model(session.meta)
@@ -124,7 +125,6 @@ def review(sid, *, provider=None, model=None, base_url=None, headers=None, knobs
                             "anyway, and the verdict records that)")
     require_target(session.target, session.meta.get("target_id"))
     selection = V.selection(only, drop)
-    history.select_some(session, only, drop, "review")
     audit.ready()
     with _one_review(session), T.exclusive(session.dir, "review"):
         with locks.TargetLock(session.target):

@@ -8,7 +8,7 @@ from overlord.ops import patch as _patch
 from overlord.ops.grants import require_target
 from overlord.sandbox import backends
 from overlord.txn import changes as C
-from overlord.txn import gitdir, locks, retain, store
+from overlord.txn import gitdir, history, locks, retain, store
 from overlord.txn.session import Session
 
 
@@ -71,12 +71,16 @@ def reconcile():
     return settled
 
 
-def diff(sid):
-    """[Change] of a session against the real tree (the plan commit would execute)."""
+def diff(sid, only=(), drop=()):
+    """[Change] of a session against the real tree (the plan commit would execute; with
+    --only/--drop selectors, the plan `commit --only/--drop` would)."""
     session = get_session(sid)
     _require_layers(session)
     require_target(session.target, session.meta.get("target_id"))
-    return session.plan()
+    chosen = history.select_some(session, only, drop, "diff")
+    plan = session.plan(chosen)
+    history.require_class(plan, chosen)
+    return plan
 
 
 def _require_layers(session):

@@ -11,6 +11,7 @@ import stat
 import time
 
 from overlord.errors import UsageError
+from overlord.text import escape_path
 from overlord.txn import changes as C
 from overlord.txn import gitdir
 from overlord.txn import layers as L
@@ -199,7 +200,65 @@ def select_some(session, only, drop, act):
     if isinstance(chosen, Chosen) and chosen.keep & chosen.gone:
         raise UsageError(f"the selectors keep and drop {sorted(chosen.keep & chosen.gone)[0]}: "
                          f"nothing is left to {act}")
+    require_consistent(session, chosen)
     return chosen
+
+
+def require_consistent(session, chosen):
+    """Refuse (UsageError) a selection that keeps a savepoint written on top of one it drops.
+
+    A directory in a layer is merged with what lies below it, so a kept layer's directory
+    that was made inside (or as a copy of) what a dropped layer put in place of something
+    else would land over what that layer had hidden: a tree no command saw. Files are
+    whole in the layer that wrote them, and a selection that only drops the top savepoints
+    is a rewind, so neither is refused."""
+    if chosen is None:
+        return
+    dropped = set(range(len(session.meta["layers"]))) - set(chosen)
+    if not dropped or min(dropped) > max(chosen, default=-1):
+        return
+    layers = []
+    for i, d in enumerate(session.layer_dirs()):
+        session.verify_layer(i)
+        layers.append(L.read_layer(d, session.dialect, i))
+    for k in sorted(i for i in chosen if i > min(dropped)):
+        for path, entry in sorted(layers[k].items()):
+            if entry.kind != "dir" or entry.opaque or not path:
+                continue                       # only a merged directory depends on below
+            chain = [path] + L.parents(path)[::-1]
+            if any(_replaces(layers, k, x, session.target) for x in chain[1:]):
+                continue                       # inside this layer's own replacement
+            base = _base(layers, k, chain, session.target)
+            if base is not None and base[0] in dropped:
+                j, where = base
+                raise UsageError(
+                    f"the selection keeps savepoint @{k} but drops @{j}, and @{k} changed "
+                    f"{escape_path(path)}/ on top of what @{j} put at {escape_path(where)}: "
+                    f"without @{j} it would land a tree no command saw; keep @{j} too, or "
+                    f"drop @{k}")
+
+
+def _base(layers, k, chain, target):
+    """(layer, path) of the nearest layer below k that replaced a path of chain (a directory
+    and its ancestors): what k's directory was made on top of; None: the real tree."""
+    for j in range(k - 1, -1, -1):
+        for x in chain:
+            if _replaces(layers, j, x, target):
+                return j, x
+    return None
+
+
+def _replaces(layers, j, path, target):
+    """Did layer j put something in place of what lay at path below it?  (A whiteout or a
+    non-directory always counts; an opaque directory only over something: overlay may mark a
+    new one opaque, and a new directory hides nothing.)"""
+    entry = layers[j].get(path)
+    if entry is None or not L.hides_below(entry):
+        return False
+    if entry.kind != "dir":
+        return True
+    return any(path in below for below in layers[:j]) or os.path.lexists(
+        os.path.join(target, path))
 
 
 def require_class(plan, chosen):

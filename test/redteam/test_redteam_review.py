@@ -2,9 +2,9 @@
 saw (and what the person reviewed), or commit refuses with one `overlord: ...` line".
 
 Every test here reproduced a hole found on this machine and failed when written. Most are
-closed and guard their fix; the three marked xfail(strict) are known holes left for later
-issues (keyed records and seals, a preview of commit selections): strict, so closing one
-turns its test red until the marker goes.
+closed and guard their fix; the two marked xfail(strict) are known holes left for later
+issues (keyed records and seals): strict, so closing one turns its test red until the marker
+goes.
 """
 import json
 import os
@@ -287,14 +287,12 @@ def test_fd_passed_out_of_the_session_cannot_write_the_committed_file(ovl, targe
 
 
 # -- a selective commit lands a tree no command saw and nobody could review ---------------
-
-@pytest.mark.xfail(strict=True, reason="known hole: commit --only/--drop lands the chosen savepoints over the real tree, a tree no command saw; a preview of a selection and a refusal of inconsistent ones are not built yet")
 def test_selection_that_drops_the_savepoint_a_kept_one_builds_on(ovl, target):
-    """Known hole (xfail, strict). @0 turns sub/ into a file, @1 makes sub/ a directory again with g, @2 adds sub/h
+    """(Red before the fix it guards.) @0 turns sub/ into a file, @1 makes sub/ a directory again with g, @2 adds sub/h
     (the command saw sub = {g, h}). `commit --only layer:0,layer:2` lands sub = {h}: a tree
     no command ever saw, and `diff` has no --only/--drop to show it before it lands (the
-    console neither). Expected: refuse a selection whose kept savepoint was written on top of
-    a dropped one (here @2's sub/ is a copy-up of @1's), naming both -- or at least show it."""
+    console neither). Now refused: a kept savepoint written on top of a dropped one (here @2's
+    sub/ is a copy-up of @1's), naming both, by commit, diff, check and review alike."""
     sid, proc = ovl.sh(target, "rm -r sub; echo file > sub")
     assert sid, (proc.out, proc.err)
     ovl("exec", sid, "--", "sh", "-c", "rm sub; mkdir sub; echo g > sub/g", check=0)
@@ -302,10 +300,11 @@ def test_selection_that_drops_the_savepoint_a_kept_one_builds_on(ovl, target):
     assert proc.out.split()[:2] == ["g", "h"], proc.out
     seen = [["a.txt"], ["g", "h"], ["file"]]      # sub as the real tree, @1..@2, @0 had it
     before = tree(target)
-    proc = ovl("commit", "--only", "layer:0,layer:2", sid)
-    if proc.returncode == 0:
-        now = sorted(os.listdir(target / "sub")) if (target / "sub").is_dir() else ["file"]
-        assert now in seen, f"commit landed sub = {now}: no command saw that"
-    else:
-        one_line(proc)
+    for verb in ("diff", "check", "commit"):
+        proc = ovl(verb, "--only", "layer:0,layer:2", sid)
+        if proc.returncode == 0 and verb == "commit":
+            now = sorted(os.listdir(target / "sub")) if (target / "sub").is_dir() else ["file"]
+            assert now in seen, f"commit landed sub = {now}: no command saw that"
+        line = one_line(proc, code=2)
+        assert "keeps savepoint @2 but drops @1" in line and "sub/" in line, line
         assert tree(target) == before
