@@ -287,6 +287,7 @@ def test_fd_passed_out_of_the_session_cannot_write_the_committed_file(ovl, targe
 
 
 # -- a selective commit lands a tree no command saw and nobody could review ---------------
+
 def test_selection_that_drops_the_savepoint_a_kept_one_builds_on(ovl, target):
     """(Red before the fix it guards.) @0 turns sub/ into a file, @1 makes sub/ a directory again with g, @2 adds sub/h
     (the command saw sub = {g, h}). `commit --only layer:0,layer:2` lands sub = {h}: a tree
